@@ -1,0 +1,5 @@
+import sys
+
+from onnxfuse.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""The Python API behind the command line."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import onnx_ir as ir
+
+from onnxfuse.errors import OnnxfuseError
+from onnxfuse.language.packs import check_unique, load_builtin_rules, load_rules
+from onnxfuse.language.rule import Rule
+from onnxfuse.matcher import Matcher, ModelContext
+from onnxfuse.model_io import load_model, save_model
+from onnxfuse.optimizer import Options, Report, check_model, normalize, optimize
+from onnxfuse.naming import all_graphs
+
+
+def sample_model_path() -> Path:
+    """The small ResNet-style CNN shipped with the package."""
+    return Path(str(resources.files("onnxfuse") / "data" / "sample_resnet.onnx"))
+
+
+def select_rules(
+    extra: list[str | os.PathLike] | None = None,
+    disable: list[str] | None = None,
+    builtin: bool = True,
+) -> list[Rule]:
+    """Built-in packs, then the user's rule files and pack folders, minus disabled rules."""
+    rules = load_builtin_rules() if builtin else []
+    rules += load_rules(list(extra or []))
+    check_unique(rules)
+    if disable:
+        names = {r.name for r in rules}
+        unknown = [d for d in disable if d not in names]
+        if unknown:
+            raise OnnxfuseError(f"--disable: no rule named {', '.join(unknown)}")
+        rules = [r for r in rules if r.name not in set(disable)]
+    return rules
+
+
+def optimize_file(
+    source: str | os.PathLike,
+    output: str | os.PathLike | None,
+    rules: list[Rule],
+    options: Options | None = None,
+) -> Report:
+    """Optimize a model file; write the result atomically (the input is never touched)."""
+    source = Path(source)
+    if output is not None and Path(output).resolve() == source.resolve():
+        raise OnnxfuseError(f"{output}: refusing to overwrite the input model")
+    model = load_model(source)
+    report = optimize(model, rules, options)
+    check_model(model)
+    if output is not None:
+        save_model(model, output)
+    return report
+
+
+@dataclass
+class Explanation:
+    node: str
+    op_type: str
+    graph: str
+    matched: bool
+    reason: str | None
+
+
+def explain(model: ir.Model, rule: Rule, node_name: str | None = None) -> list[Explanation]:
+    """For each node where ``rule`` could anchor, whether it matches and, if not, why."""
+    normalize(model)  # rules see the model as optimize does
+    context = ModelContext(model.ir_version or 10, dict(model.opset_imports))
+    matcher = Matcher(rule, context)
+    results = []
+    for graph in all_graphs(model):
+        for node in graph:
+            if node_name is not None and node.name != node_name:
+                continue
+            if node_name is None and (node.domain, node.op_type) not in rule.anchor_keys:
+                continue
+            match = matcher.match(node)
+            results.append(
+                Explanation(
+                    node=node.name or "<unnamed>",
+                    op_type=node.op_type,
+                    graph=graph.name or "main",
+                    matched=match is not None,
+                    reason=None if match is not None else matcher.failure,
+                )
+            )
+    if node_name is not None and not results:
+        raise OnnxfuseError(f"no node named '{node_name}' in the model")
+    return results

@@ -1,0 +1,194 @@
+"""The `onnxfuse` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from onnxfuse.errors import OnnxfuseError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as one line and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"onnxfuse: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from onnxfuse.planner.cli import add_plan_command
+
+    parser = _Parser(
+        prog="onnxfuse",
+        description="An ONNX graph optimizer whose fusions and foldings are declarative rules.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    optimize = sub.add_parser("optimize", help="optimize a model with rule packs")
+    optimize.add_argument(
+        "model", nargs="?", help="input .onnx model (default: the bundled sample ResNet)"
+    )
+    optimize.add_argument("-o", "--output", help="where to write the optimized model")
+    _add_rule_options(optimize)
+    optimize.add_argument("--disable", action="append", default=[], metavar="RULE")
+    optimize.add_argument(
+        "--max-iterations",
+        type=_positive_int,
+        default=None,
+        help="cap on full passes over the graph (default 10)",
+    )
+    optimize.add_argument(
+        "--max-rewrites", type=_positive_int, default=None, help="cap on rewrites"
+    )
+    optimize.add_argument(
+        "--fold-limit",
+        type=_positive_int,
+        default=None,
+        metavar="BYTES",
+        help="largest constant that folding may create (default 256 MiB)",
+    )
+    optimize.add_argument("--report-json", metavar="FILE", help="write the report as JSON")
+    optimize.add_argument("-q", "--quiet", action="store_true", help="no terminal report")
+    optimize.set_defaults(handler=_run_optimize)
+
+    explain = sub.add_parser("explain", help="why a rule does or does not match")
+    explain.add_argument("model", help="input .onnx model")
+    explain.add_argument("--rule", required=True, help="rule name")
+    explain.add_argument("--node", help="only this node (by name)")
+    _add_rule_options(explain)
+    explain.set_defaults(handler=_run_explain)
+
+    rules = sub.add_parser("rules", help="inspect rule packs")
+    rules_sub = rules.add_subparsers(dest="rules_command", required=True, parser_class=_Parser)
+    listing = rules_sub.add_parser("list", help="list rules")
+    _add_rule_options(listing)
+    listing.set_defaults(handler=_run_rules_list)
+
+    add_plan_command(sub)
+    return parser
+
+
+def _add_rule_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rules",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="extra rule file or pack folder (repeatable)",
+    )
+    parser.add_argument(
+        "--no-builtin", action="store_true", help="do not load the built-in rule packs"
+    )
+    parser.add_argument(
+        "--target", default="cpu", help="execution provider to optimize for (default cpu)"
+    )
+
+
+def _run_optimize(args: argparse.Namespace) -> int:
+    from onnxfuse import api
+    from onnxfuse.optimizer import DEFAULT_MAX_ITERATIONS, Options
+    from onnxfuse.report import format_report
+
+    rules = api.select_rules(args.rules, args.disable, builtin=not args.no_builtin)
+    model_path = Path(args.model) if args.model else api.sample_model_path()
+    if args.model is None and not args.quiet:
+        print(f"No model given: optimizing the bundled sample model {model_path.name}")
+    options = Options(
+        max_iterations=args.max_iterations or DEFAULT_MAX_ITERATIONS,
+        max_rewrites=args.max_rewrites,
+        progress=None if args.quiet else _progress,
+    )
+    if args.fold_limit:
+        options.fold_limit_bytes = args.fold_limit
+    if args.report_json:
+        _check_writable(args.report_json)
+    report = api.optimize_file(model_path, args.output, rules, options)
+    if args.report_json:
+        _write_json(args.report_json, report.to_json())
+    if not args.quiet:
+        print(format_report(report, str(model_path), args.output))
+    if report.stopped:
+        print(f"onnxfuse: warning: {report.stopped}", file=sys.stderr)
+    return 0
+
+
+def _progress(message: str) -> None:
+    print(f"onnxfuse: {message}", file=sys.stderr, flush=True)
+
+
+def _check_writable(path: str) -> None:
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise OnnxfuseError(f"{path}: directory {parent} does not exist")
+
+
+def _write_json(path: str, data: object) -> None:
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.tmp")
+    temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, target)
+
+
+def _run_explain(args: argparse.Namespace) -> int:
+    from onnxfuse import api
+    from onnxfuse.model_io import load_model
+
+    rules = api.select_rules(args.rules, builtin=not args.no_builtin)
+    chosen = [r for r in rules if r.name == args.rule]
+    if not chosen:
+        raise OnnxfuseError(f"no rule named '{args.rule}' (see `onnxfuse rules list`)")
+    model = load_model(args.model)
+    results = api.explain(model, chosen[0], args.node)
+    if not results:
+        print(f"{args.rule}: no node in the model can anchor this rule")
+        return 0
+    for item in results:
+        where = f"{item.op_type} '{item.node}'" + (
+            f" in graph '{item.graph}'" if item.graph != "main" else ""
+        )
+        verdict = "matches" if item.matched else f"no match: {item.reason}"
+        print(f"{where}: {verdict}")
+    return 0
+
+
+def _run_rules_list(args: argparse.Namespace) -> int:
+    from onnxfuse import api
+
+    rules = api.select_rules(args.rules, builtin=not args.no_builtin)
+    width = max((len(r.name) for r in rules), default=4)
+    print(f"{'rule':<{width}}  {'pack':<10} benefit  description")
+    for rule in rules:
+        print(f"{rule.name:<{width}}  {rule.pack:<10} {rule.benefit:>7}  {rule.description}")
+    print(f"{len(rules)} rules")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except OnnxfuseError as exc:
+        print(f"onnxfuse: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("onnxfuse: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""Errors a user can cause: the CLI prints them as one line and exits with code 2."""
+
+from __future__ import annotations
+
+
+class OnnxfuseError(Exception):
+    """A problem with the user's input (model, rule file, arguments)."""
+
+
+class RuleError(OnnxfuseError):
+    """A rule file is malformed; the message names file and line where known."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None):
+        where = path or "<rules>"
+        if line is not None:
+            where = f"{where}:{line}"
+        super().__init__(f"{where}: {message}")
+        self.path = path
+        self.line = line
+
+
+class ModelError(OnnxfuseError):
+    """A model file is missing, unreadable or invalid."""

@@ -1,0 +1,176 @@
+"""Constant folding: nodes whose inputs are all constant become initializers.
+
+Values are computed with onnx's reference evaluator, one node at a time, at
+the model's own opset. ``Shape`` and ``Size`` of a value whose shape is fully
+known fold too. Outputs above a size limit are left as nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxfuse.language.guards import constant_tensor
+from onnxfuse.naming import NameSource
+
+DEFAULT_FOLD_LIMIT_BYTES = 256 * 1024 * 1024
+
+# Ops that must never be folded: random, stateful or not plain tensor functions.
+_NEVER_FOLD = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+        "If",
+        "Loop",
+        "Scan",
+        "SequenceConstruct",
+        "SequenceEmpty",
+        "SequenceInsert",
+        "SequenceAt",
+        "SplitToSequence",
+        "ConcatFromSequence",
+        "Optional",
+        "OptionalGetElement",
+        "OptionalHasElement",
+    }
+)
+
+
+@dataclass
+class FoldContext:
+    ir_version: int
+    opsets: dict[str, int]
+    limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
+
+
+class Folder:
+    """Folds nodes in place; keeps a counter of how many it folded."""
+
+    def __init__(self, context: FoldContext, names: NameSource):
+        self.context = context
+        self.names = names
+        self.folded = 0
+
+    def fold_graph(self, graph: ir.Graph | ir.Function) -> None:
+        for node in list(graph):
+            self.fold_node(node)
+
+    def fold_nodes(self, nodes: Iterable[ir.Node]) -> list[ir.Node]:
+        """Fold what can be folded; return the nodes that remain in the graph."""
+        remaining = []
+        for node in nodes:
+            if not self.fold_node(node):
+                remaining.append(node)
+        return remaining
+
+    def fold_node(self, node: ir.Node) -> bool:
+        graph = node.graph
+        if graph is None or node.domain != "" or node.op_type in _NEVER_FOLD:
+            return False
+        if any(o.is_graph_output() for o in node.outputs):
+            return False
+        results = self._shape_result(node)
+        if results is None:
+            inputs = self._constant_inputs(node)
+            if inputs is None:
+                return False
+            results = self._evaluate(node, inputs)
+            if results is None:
+                return False
+        if sum(r.nbytes for r in results) > self.context.limit_bytes:
+            return False
+        for output, array in zip(node.outputs, results):
+            self._replace_with_initializer(graph, output, array)
+        graph.remove(node, safe=True)
+        self.folded += 1
+        return True
+
+    def _constant_inputs(self, node: ir.Node) -> list[np.ndarray | None] | None:
+        arrays: list[np.ndarray | None] = []
+        for value in node.inputs:
+            if value is None:
+                arrays.append(None)
+                continue
+            tensor = constant_tensor(value, self.context.ir_version)
+            if tensor is None:
+                return None
+            arrays.append(tensor.numpy())
+        if node.op_type != "Constant" and not any(a is not None for a in arrays):
+            # Generators without inputs (e.g. ConstantOfShape needs one) are not folded here.
+            return None
+        return arrays
+
+    def _shape_result(self, node: ir.Node) -> list[np.ndarray] | None:
+        if node.op_type not in ("Shape", "Size") or not node.inputs or node.inputs[0] is None:
+            return None
+        shape = node.inputs[0].shape
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        dims = [int(d) for d in shape]
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(dims)), dtype=np.int64)]
+        rank = len(dims)
+        start_attr = node.attributes.get("start")
+        end_attr = node.attributes.get("end")
+        start = start_attr.as_int() if start_attr is not None else 0
+        end = end_attr.as_int() if end_attr is not None else rank
+        start = min(max(start + rank if start < 0 else start, 0), rank)
+        end = min(max(end + rank if end < 0 else end, 0), rank)
+        return [np.array(dims[start:end], dtype=np.int64)]
+
+    def _evaluate(self, node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
+        names = [f"i{k}" if a is not None else "" for k, a in enumerate(inputs)]
+        outputs = [f"o{k}" for k in range(len(node.outputs))]
+        proto = ir.serde.serialize_node(node)
+        del proto.input[:]
+        proto.input.extend(names)
+        del proto.output[:]
+        proto.output.extend(outputs)
+        feeds = {n: a for n, a in zip(names, inputs) if n}
+        function = helper.make_function(
+            "onnxfuse.fold",
+            "fold",
+            [n for n in names if n],
+            outputs,
+            [proto],
+            [helper.make_opsetid("", self.context.opsets.get("", 21))],
+        )
+        try:
+            evaluator = ReferenceEvaluator(function)
+            results = evaluator.run(None, feeds, attributes={})
+        except Exception:  # the reference evaluator cannot run this node: keep it
+            return None
+        arrays = [np.asarray(r) for r in results]
+        for output, array in zip(node.outputs, arrays):
+            if output.dtype is not None and _dtype_of(array) not in (None, output.dtype):
+                return None
+        return arrays
+
+    def _replace_with_initializer(
+        self, graph: ir.Graph | ir.Function, old: ir.Value, array: np.ndarray
+    ) -> None:
+        name = self.names.fresh(old.name or "folded")
+        tensor = ir.tensor(array, name=name)
+        value = ir.Value(
+            name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape, const_value=tensor
+        )
+        if isinstance(graph, ir.Function):
+            graph = graph.graph
+        graph.register_initializer(value)
+        old.replace_all_uses_with(value)
+
+
+def _dtype_of(array: np.ndarray) -> ir.DataType | None:
+    try:
+        return ir.DataType.from_numpy(array.dtype)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,1 @@
+"""The rule language: rule files, patterns and guard expressions."""

@@ -1,0 +1,388 @@
+"""Guard expressions: a small, safe language over bound values and attributes.
+
+Expressions are parsed with ``ast`` and checked against a whitelist when the
+rule is loaded; they are interpreted node by node, never passed to ``eval``.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+# Results larger than this are refused: a guard must stay cheap to evaluate.
+_MAX_SEQUENCE = 10_000
+_MAX_VALUE_ELEMENTS = 4096
+
+
+class GuardSyntaxError(Exception):
+    """The expression is not in the guard language."""
+
+
+class GuardUnknown(Exception):
+    """The guard cannot be decided (unknown shape, non-constant value, ...)."""
+
+
+@dataclass(frozen=True)
+class ValueRef:
+    """A pattern variable as seen by a guard: the graph value it is bound to."""
+
+    name: str
+    value: ir.Value | None
+    ir_version: int = 10
+
+
+def _need(ref: Any, fn: str) -> ir.Value:
+    if not isinstance(ref, ValueRef):
+        raise GuardUnknown(f"{fn}() takes a pattern variable")
+    if ref.value is None:
+        raise GuardUnknown(f"{fn}({ref.name}): input is absent")
+    return ref.value
+
+
+def constant_tensor(value: ir.Value | None, ir_version: int = 10) -> ir.TensorProtocol | None:
+    """The tensor behind a value, if it is a constant the model cannot override."""
+    if value is None:
+        return None
+    if value.is_initializer():
+        # From IR 4 on, an initializer that is also a graph input is a default
+        # the caller may replace: not a constant.
+        if value.is_graph_input() and ir_version >= 4:
+            return None
+        return value.const_value
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant" and producer.domain == "":
+        if value.const_value is not None:
+            return value.const_value
+        return ir.convenience.get_const_tensor(value)
+    return None
+
+
+def _shape(ref: Any) -> tuple[int | str | None, ...]:
+    value = _need(ref, "shape")
+    if value.shape is None:
+        raise GuardUnknown(f"shape({ref.name}) is unknown")
+    dims: list[int | str | None] = []
+    for dim in value.shape:
+        if isinstance(dim, int):
+            dims.append(dim)
+        else:
+            dims.append(dim.value if isinstance(dim, ir.SymbolicDim) else None)
+    return tuple(dims)
+
+
+def _rank(ref: Any) -> int:
+    value = _need(ref, "rank")
+    if value.shape is None:
+        raise GuardUnknown(f"rank({ref.name}) is unknown")
+    return len(value.shape)
+
+
+def _dtype(ref: Any) -> str:
+    value = _need(ref, "dtype")
+    if value.dtype is None:
+        raise GuardUnknown(f"dtype({ref.name}) is unknown")
+    return _dtype_name(value.dtype)
+
+
+def _dtype_name(dtype: ir.DataType) -> str:
+    name = dtype.name.lower()
+    return {"float": "float32", "double": "float64"}.get(name, name)
+
+
+def _is_constant(ref: Any) -> bool:
+    if not isinstance(ref, ValueRef):
+        raise GuardUnknown("is_constant() takes a pattern variable")
+    return constant_tensor(ref.value, ref.ir_version) is not None
+
+
+def _value(ref: Any) -> Any:
+    value = _need(ref, "value")
+    tensor = constant_tensor(value, ref.ir_version)
+    if tensor is None:
+        raise GuardUnknown(f"value({ref.name}): not a constant")
+    if tensor.size > _MAX_VALUE_ELEMENTS:
+        raise GuardUnknown(f"value({ref.name}): too large to inspect ({tensor.size} elements)")
+    array = tensor.numpy()
+    return array.item() if array.ndim == 0 else array.tolist()
+
+
+def _numel(ref: Any) -> int:
+    dims = _shape(ref)
+    count = 1
+    for dim in dims:
+        if not isinstance(dim, int):
+            raise GuardUnknown(f"numel({ref.name}): dimension {dim!r} is symbolic")
+        count *= dim
+    return count
+
+
+def _present(ref: Any) -> bool:
+    if not isinstance(ref, ValueRef):
+        raise GuardUnknown("present() takes a pattern variable")
+    return ref.value is not None
+
+
+def _consumers(ref: Any) -> int:
+    value = _need(ref, "consumers")
+    return len(value.uses()) + (1 if value.is_graph_output() else 0)
+
+
+def _is_graph_input(ref: Any) -> bool:
+    return _need(ref, "is_graph_input").is_graph_input()
+
+
+def _all_equal(ref: Any, target: Any) -> bool:
+    """Every element of a constant equals ``target`` (no size limit, no copy to lists)."""
+    value = _need(ref, "all_equal")
+    tensor = constant_tensor(value, ref.ir_version)
+    if tensor is None:
+        raise GuardUnknown(f"all_equal({ref.name}, ...): not a constant")
+    return bool(np.all(tensor.numpy() == target))
+
+
+def _checked_range(*args: int) -> tuple[int, ...]:
+    result = range(*args)
+    if len(result) > _MAX_SEQUENCE:
+        raise GuardUnknown("range() too long")
+    return tuple(result)
+
+
+def _broadcastable(*refs: Any) -> bool:
+    shapes = [_shape(r) for r in refs]
+    rank = max(len(s) for s in shapes)
+    for axis in range(1, rank + 1):
+        dims = {s[-axis] for s in shapes if len(s) >= axis} - {1}
+        if len(dims) > 1:
+            if any(not isinstance(d, int) for d in dims):
+                raise GuardUnknown("broadcastable(): symbolic dimensions")
+            return False
+    return True
+
+
+# Functions a guard may call, with their number of arguments (min, max).
+FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {
+    "rank": (_rank, 1, 1),
+    "shape": (_shape, 1, 1),
+    "dtype": (_dtype, 1, 1),
+    "numel": (_numel, 1, 1),
+    "is_constant": (_is_constant, 1, 1),
+    "value": (_value, 1, 1),
+    "all_equal": (_all_equal, 2, 2),
+    "present": (_present, 1, 1),
+    "consumers": (_consumers, 1, 1),
+    "is_graph_input": (_is_graph_input, 1, 1),
+    "broadcastable": (_broadcastable, 1, 8),
+    "len": (len, 1, 1),
+    "abs": (abs, 1, 1),
+    "min": (min, 1, 8),
+    "max": (max, 1, 8),
+    "all": (all, 1, 1),
+    "any": (any, 1, 1),
+    "sum": (sum, 1, 1),
+    "sorted": (sorted, 1, 1),
+    "tuple": (tuple, 1, 1),
+    "list": (list, 1, 1),
+    "int": (int, 1, 1),
+    "float": (float, 1, 1),
+    "range": (_checked_range, 1, 3),
+}
+
+CONSTANTS: dict[str, Any] = {"True": True, "False": False, "None": None}
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type, Callable[[Any], Any]] = {
+    ast.Not: operator.not_,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+}
+_ALLOWED_NODES = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Compare,
+    ast.Call,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.Tuple,
+    ast.List,
+    ast.Subscript,
+    ast.Slice,
+    ast.IfExp,
+    *_BINARY,
+    *_UNARY,
+    *_COMPARE,
+)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A checked expression, ready to evaluate against bindings."""
+
+    text: str
+    tree: ast.Expression
+
+    def evaluate(self, names: Mapping[str, Any]) -> Any:
+        return _Evaluator(names).visit(self.tree.body)
+
+
+def parse_guard(text: str, known_names: set[str]) -> Guard:
+    """Parse and check an expression; raise GuardSyntaxError naming the problem."""
+    if not isinstance(text, str) or not text.strip():
+        raise GuardSyntaxError("a guard must be a non-empty expression string")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise GuardSyntaxError(f"invalid expression {text!r}: {exc.msg}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            raise GuardSyntaxError(
+                f"{type(node).__name__} is not allowed in a guard expression ({text!r})"
+            )
+        if isinstance(node, ast.Call):
+            _check_call(node, text)
+        elif isinstance(node, ast.Name) and not _is_call_target(node, tree):
+            if node.id not in known_names and node.id not in CONSTANTS:
+                raise GuardSyntaxError(f"unknown name '{node.id}' in guard {text!r}")
+        elif isinstance(node, ast.Constant) and not isinstance(
+            node.value, (int, float, str, bool, type(None))
+        ):
+            raise GuardSyntaxError(f"literal {node.value!r} is not allowed in a guard")
+    return Guard(text=text.strip(), tree=tree)
+
+
+def _is_call_target(name: ast.Name, tree: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and n.func is name for n in ast.walk(tree))
+
+
+def _check_call(node: ast.Call, text: str) -> None:
+    if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+        shown = ast.unparse(node.func)
+        raise GuardSyntaxError(f"unknown function '{shown}' in guard {text!r}")
+    if node.keywords:
+        raise GuardSyntaxError(f"keyword arguments are not allowed in guard {text!r}")
+    _, low, high = FUNCTIONS[node.func.id]
+    if not low <= len(node.args) <= high:
+        raise GuardSyntaxError(
+            f"{node.func.id}() takes {low if low == high else f'{low} to {high}'} "
+            f"argument(s) in guard {text!r}"
+        )
+
+
+class _Evaluator:
+    def __init__(self, names: Mapping[str, Any]):
+        self.names = names
+
+    def visit(self, node: ast.AST) -> Any:
+        method = getattr(self, f"visit_{type(node).__name__}")
+        return method(node)
+
+    def visit_Constant(self, node: ast.Constant) -> Any:
+        return node.value
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        if node.id in CONSTANTS:
+            return CONSTANTS[node.id]
+        return self.names[node.id]
+
+    def visit_Tuple(self, node: ast.Tuple) -> Any:
+        return tuple(self.visit(e) for e in node.elts)
+
+    def visit_List(self, node: ast.List) -> Any:
+        return [self.visit(e) for e in node.elts]
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
+        if isinstance(node.op, ast.And):
+            result: Any = True
+            for operand in node.values:
+                result = self.visit(operand)
+                if not result:
+                    return result
+            return result
+        result = False
+        for operand in node.values:
+            result = self.visit(operand)
+            if result:
+                return result
+        return result
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        return _apply(_UNARY[type(node.op)], self.visit(node.operand))
+
+    def visit_BinOp(self, node: ast.BinOp) -> Any:
+        left, right = self.visit(node.left), self.visit(node.right)
+        if isinstance(node.op, ast.Pow) and (not isinstance(right, (int, float)) or right > 64):
+            raise GuardUnknown("exponent too large")
+        if isinstance(node.op, ast.Mult) and _is_sequence_repeat(left, right):
+            raise GuardUnknown("sequence repetition is not allowed")
+        return _apply(_BINARY[type(node.op)], left, right)
+
+    def visit_Compare(self, node: ast.Compare) -> Any:
+        left = self.visit(node.left)
+        for op, comparator in zip(node.ops, node.comparators):
+            right = self.visit(comparator)
+            if not _apply(_COMPARE[type(op)], left, right):
+                return False
+            left = right
+        return True
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        assert isinstance(node.func, ast.Name)
+        function = FUNCTIONS[node.func.id][0]
+        return _apply(function, *(self.visit(a) for a in node.args))
+
+    def visit_Subscript(self, node: ast.Subscript) -> Any:
+        container = self.visit(node.value)
+        index = self.visit(node.slice)
+        return _apply(operator.getitem, container, index)
+
+    def visit_Slice(self, node: ast.Slice) -> Any:
+        parts = (node.lower, node.upper, node.step)
+        return slice(*(None if p is None else self.visit(p) for p in parts))
+
+    def visit_IfExp(self, node: ast.IfExp) -> Any:
+        return self.visit(node.body) if self.visit(node.test) else self.visit(node.orelse)
+
+
+def _is_sequence_repeat(left: Any, right: Any) -> bool:
+    sequences = (str, list, tuple)
+    return isinstance(left, sequences) or isinstance(right, sequences)
+
+
+def _apply(function: Callable[..., Any], *args: Any) -> Any:
+    """Call a whitelisted function; turn Python errors into 'cannot decide'."""
+    try:
+        return function(*args)
+    except GuardUnknown:
+        raise
+    except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, OverflowError) as exc:
+        raise GuardUnknown(str(exc)) from None

@@ -1,0 +1,252 @@
+"""Rules: source patterns, a target pattern, guards and metadata."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+import onnx.parser
+
+from onnxfuse.language import schemas
+from onnxfuse.language.guards import Guard, GuardSyntaxError, parse_guard
+from onnxfuse.language.pattern import (
+    COMMUTATIVE_OPS,
+    AttrRef,
+    Pattern,
+    PatternError,
+    compile_function,
+    normalize_domain,
+)
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
+_PATTERN_HEADER = '<domain: "onnxfuse.pattern", opset_import: ["" : {opset}]>\n'
+_DEFAULT_PATTERN_OPSET = 21
+
+
+class RuleDefinitionError(Exception):
+    """A rule is not well formed; ``line`` is absolute in the rule file where known."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
+
+
+@dataclass(eq=False)
+class Rule:
+    name: str
+    sources: list[Pattern]
+    target: Pattern
+    description: str = ""
+    benefit: int = 1
+    references: list[str] = field(default_factory=list)
+    guards: list[Guard] = field(default_factory=list)
+    lets: dict[str, Guard] = field(default_factory=dict)
+    optional: frozenset[str] = frozenset()
+    opset: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    imports: dict[str, int] = field(default_factory=dict)
+    tolerance: float | None = None
+    verify: dict[str, Any] = field(default_factory=dict)
+    copy_attributes: dict[str, str] = field(default_factory=dict)
+    pack: str = ""
+    origin: str = ""
+
+    @property
+    def anchor_keys(self) -> set[tuple[str, str]]:
+        return {source.anchor.key for source in self.sources}
+
+    def created_ops(self) -> set[tuple[str, str]]:
+        return {node.key for node in self.target.nodes}
+
+
+def parse_pattern_text(
+    text: str, *, role: str, commutative: frozenset[tuple[str, str]], first_line: int
+) -> Pattern:
+    """Parse a pattern written in the ONNX text syntax (header optional)."""
+    if not isinstance(text, str) or not text.strip():
+        raise RuleDefinitionError(f"{role} must be a pattern in the ONNX text syntax", first_line)
+    has_header = text.lstrip().startswith("<")
+    full = text if has_header else _PATTERN_HEADER.format(opset=_DEFAULT_PATTERN_OPSET) + text
+    offset = first_line - (0 if has_header else 1)
+    try:
+        function = onnx.parser.parse_function(full)
+    except onnx.parser.ParseError as exc:
+        message, line = _parse_error(exc)
+        raise RuleDefinitionError(
+            f"{role}: syntax error in pattern: {message}",
+            None if line is None else line - 1 + offset,
+        ) from None
+    node_lines = _node_lines(full, function, offset)
+    try:
+        return compile_function(
+            function, role=role, commutative=commutative, node_lines=node_lines
+        )
+    except PatternError as exc:
+        raise RuleDefinitionError(f"{role}: {exc}", exc.line or first_line) from None
+
+
+def _parse_error(exc: onnx.parser.ParseError) -> tuple[str, int | None]:
+    raw = exc.args[0] if exc.args else b""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    line_match = re.search(r"line: (\d+)", text)
+    detail = [part.strip() for part in text.splitlines()[1:] if part.strip()]
+    message = "; ".join(detail) or text.strip()
+    return message, int(line_match.group(1)) if line_match else None
+
+
+def _node_lines(text: str, function: onnx.FunctionProto, offset: int) -> list[int]:
+    """Best-effort line of each node: the line where its first output is assigned."""
+    lines = text.splitlines()
+    found: list[int] = []
+    start = 0
+    for node in function.node:
+        target = node.output[0] if node.output else node.op_type
+        pattern = re.compile(rf"(^|[\s,]){re.escape(target)}\s*(,|=)")
+        for index in range(start, len(lines)):
+            if pattern.search(lines[index]) or node.op_type in lines[index]:
+                found.append(index + offset)
+                start = index + 1
+                break
+        else:
+            found.append(offset)
+    return found
+
+
+def build_rule(
+    *,
+    name: str,
+    sources: list[Pattern],
+    target: Pattern,
+    lines: dict[str, int] | None = None,
+    **metadata: Any,
+) -> Rule:
+    """Check a rule's parts against each other and the op schemas."""
+    lines = lines or {}
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise RuleDefinitionError(
+            f"rule name {name!r} must start with a letter and use letters, digits, _ . -",
+            lines.get("name"),
+        )
+    rule = Rule(name=name, sources=sources, target=target, **metadata)
+    _check_signatures(rule, lines)
+    for source in rule.sources:
+        _check_ops(source, "source", lines.get("source"), strict_attributes=True)
+    _check_ops(rule.target, "target", lines.get("target"), strict_attributes=False)
+    return rule
+
+
+def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
+    first = rule.sources[0]
+    for source in rule.sources[1:]:
+        if set(source.input_names()) != set(first.input_names()):
+            raise RuleDefinitionError(
+                "all alternative sources must take the same variables "
+                f"({', '.join(first.input_names())})",
+                lines.get("source"),
+            )
+        if len(source.outputs) != len(first.outputs):
+            raise RuleDefinitionError(
+                "all alternative sources must have the same number of outputs",
+                lines.get("source"),
+            )
+        if set(source.attribute_vars) != set(first.attribute_vars):
+            raise RuleDefinitionError(
+                "all alternative sources must bind the same attributes", lines.get("source")
+            )
+    if len(rule.target.outputs) != len(first.outputs):
+        raise RuleDefinitionError(
+            f"target has {len(rule.target.outputs)} output(s), "
+            f"source has {len(first.outputs)}",
+            lines.get("target"),
+        )
+    source_vars = set(first.input_names())
+    for name in rule.target.input_names():
+        if name not in source_vars:
+            raise RuleDefinitionError(
+                f"target input '{name}' is not a variable of the source", lines.get("target")
+            )
+    for name in rule.optional:
+        if name not in source_vars:
+            raise RuleDefinitionError(
+                f"optional variable '{name}' is not a variable of the source",
+                lines.get("optional"),
+            )
+    attribute_names = set(first.attribute_vars) | set(rule.lets)
+    for node in rule.target.nodes:
+        for attr in node.attributes.values():
+            if isinstance(attr, AttrRef) and attr.var not in attribute_names:
+                raise RuleDefinitionError(
+                    f"target {node.op_type} refers to @{attr.var}, which is neither a "
+                    "source attribute nor a 'let' name",
+                    lines.get("target"),
+                )
+    for source_value, target_value in rule.copy_attributes.items():
+        for source in rule.sources:
+            found = source.values.get(source_value)
+            if found is None or found.kind != "node":
+                raise RuleDefinitionError(
+                    f"copy_attributes: '{source_value}' is not a node output of every source",
+                    lines.get("copy_attributes"),
+                )
+        found = rule.target.values.get(target_value)
+        if found is None or found.kind != "node":
+            raise RuleDefinitionError(
+                f"copy_attributes: '{target_value}' is not a node output of the target",
+                lines.get("copy_attributes"),
+            )
+    for source in rule.sources:
+        used = {a.var for n in source.nodes for a in n.attributes.values() if isinstance(a, AttrRef)}
+        for declared in source.attribute_vars:
+            if declared not in used:
+                raise RuleDefinitionError(
+                    f"source attribute variable '{declared}' is declared but never bound",
+                    lines.get("source"),
+                )
+
+
+def _check_ops(pattern: Pattern, role: str, line: int | None, *, strict_attributes: bool) -> None:
+    for node in pattern.nodes:
+        known = schemas.known_op(node.domain, node.op_type)
+        where = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+        if known is False:
+            raise RuleDefinitionError(f"{role}: unknown op '{where}'", line)
+        schema = schemas.latest_schema(node.domain, node.op_type)
+        if schema is None:
+            continue
+        for attr_name in node.attributes:
+            if attr_name not in schema.attributes:
+                raise RuleDefinitionError(
+                    f"{role}: {where} has no attribute '{attr_name}'", line
+                )
+        if strict_attributes:
+            for attr_name, attr_schema in schema.attributes.items():
+                if attr_schema.required and attr_name not in node.attributes:
+                    raise RuleDefinitionError(
+                        f"{role}: {where} must name its required attribute '{attr_name}' "
+                        f"(bind it with <{attr_name} = @{attr_name}>... or give a value)",
+                        line,
+                    )
+
+
+def compile_guards(
+    expressions: list[str], known: set[str], line: int | None
+) -> list[Guard]:
+    guards = []
+    for text in expressions:
+        try:
+            guards.append(parse_guard(text, known))
+        except GuardSyntaxError as exc:
+            raise RuleDefinitionError(f"where: {exc}", line) from None
+    return guards
+
+
+def commutative_set(extra: list[str], line: int | None) -> frozenset[tuple[str, str]]:
+    """The default commutative ops plus those a rule declares ('Op' or 'domain::Op')."""
+    result = set(COMMUTATIVE_OPS)
+    for item in extra:
+        if not isinstance(item, str) or not item:
+            raise RuleDefinitionError("commutative: expected a list of op names", line)
+        domain, _, op = item.rpartition("::")
+        result.add((normalize_domain(domain), op))
+    return frozenset(result)

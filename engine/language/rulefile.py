@@ -1,0 +1,244 @@
+"""Reading rule files (YAML) into Rules, with file:line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from onnxfuse.errors import RuleError
+from onnxfuse.language.rule import (
+    Rule,
+    RuleDefinitionError,
+    build_rule,
+    commutative_set,
+    compile_guards,
+    parse_pattern_text,
+)
+from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
+
+RULE_KEYS = {
+    "name": "a unique rule name",
+    "description": "what the rule does",
+    "benefit": "an integer priority; higher fires first",
+    "references": "where the fusion comes from",
+    "source": "the pattern to find, ONNX text syntax",
+    "sources": "alternative patterns with one target",
+    "target": "the replacement pattern, ONNX text syntax",
+    "where": "guard expressions that must all hold",
+    "let": "names computed from bindings, usable as @name in the target",
+    "optional": "source variables that may be absent inputs",
+    "commutative": "extra ops whose inputs match in any order",
+    "copy_attributes": "source value -> target value: copy all attributes of its node",
+    "opset": "model opset range per domain where the rule applies",
+    "imports": "opset version to import for domains the target adds",
+    "tolerance": "relative tolerance for matching constants",
+    "verify": "the verification domain for the rule's property tests",
+}
+FILE_KEYS = {"rules", "description"}
+
+
+def load_rule_file(path: str | Path, pack: str = "") -> list[Rule]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RuleError("no such rule file", str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleError(f"cannot read rule file: {exc}", str(path)) from None
+    return parse_rule_text(text, str(path), pack=pack or path.parent.name)
+
+
+def parse_rule_text(text: str, path: str = "<rules>", pack: str = "") -> list[Rule]:
+    try:
+        document = load_yaml(text)
+    except YamlError as exc:
+        raise RuleError(str(exc), path, exc.line) from None
+    if not isinstance(document, LineMap):
+        raise RuleError("expected a mapping with a 'rules' list at the top", path, 1)
+    for key in document:
+        if key not in FILE_KEYS:
+            raise RuleError(
+                f"unknown top-level key '{key}' (expected: {', '.join(sorted(FILE_KEYS))})",
+                path,
+                document.line_of(str(key)),
+            )
+    entries = document.get("rules")
+    if not isinstance(entries, LineList) or not entries:
+        raise RuleError("'rules' must be a non-empty list", path, document.line_of("rules"))
+    rules: list[Rule] = []
+    seen: dict[str, int] = {}
+    for entry, line in zip(entries, entries.item_lines):
+        try:
+            rule = _parse_rule(entry, line, pack, path)
+        except RuleDefinitionError as exc:
+            raise RuleError(str(exc), path, exc.line or line) from None
+        if rule.name in seen:
+            raise RuleError(
+                f"rule '{rule.name}' is defined twice (first at line {seen[rule.name]})",
+                path,
+                line,
+            )
+        seen[rule.name] = line
+        rules.append(rule)
+    return rules
+
+
+def _parse_rule(entry: Any, line: int, pack: str, path: str) -> Rule:
+    if not isinstance(entry, LineMap):
+        raise RuleDefinitionError("each rule must be a mapping", line)
+    for key in entry:
+        if key not in RULE_KEYS:
+            raise RuleDefinitionError(
+                f"unknown rule key '{key}' (expected one of: {', '.join(RULE_KEYS)})",
+                entry.line_of(str(key)),
+            )
+    lines = {key: entry.line_of(key) for key in RULE_KEYS}
+    lines["source"] = entry.line_of("sources" if "sources" in entry else "source")
+    name = entry.get("name")
+    if name is None:
+        raise RuleDefinitionError("rule has no 'name'", line)
+
+    commutative = commutative_set(_string_list(entry, "commutative"), lines["commutative"])
+    source_texts = _source_texts(entry)
+    sources = [
+        parse_pattern_text(text, role="source", commutative=commutative, first_line=text_line)
+        for text, text_line in source_texts
+    ]
+    if "target" not in entry:
+        raise RuleDefinitionError("rule has no 'target'", line)
+    target = parse_pattern_text(
+        entry["target"], role="target", commutative=commutative, first_line=lines["target"]
+    )
+
+    bound = set(sources[0].input_names()) | set(sources[0].attribute_vars)
+    lets = _parse_lets(entry, bound, lines["let"])
+    where = entry.get("where", [])
+    if isinstance(where, str):
+        where = [where]
+    if not isinstance(where, list):
+        raise RuleDefinitionError("'where' must be an expression or a list of them", lines["where"])
+    guards = compile_guards(where, bound, lines["where"])
+
+    return build_rule(
+        name=name,
+        sources=sources,
+        target=target,
+        lines=lines,
+        description=_string(entry, "description", ""),
+        benefit=_integer(entry, "benefit", 1),
+        references=_string_list(entry, "references"),
+        guards=guards,
+        lets=lets,
+        optional=frozenset(_string_list(entry, "optional")),
+        opset=_parse_opset(entry, lines["opset"]),
+        imports=_parse_imports(entry, lines["imports"]),
+        tolerance=_tolerance(entry, lines["tolerance"]),
+        verify=_mapping(entry, "verify"),
+        copy_attributes=_string_map(entry, "copy_attributes"),
+        pack=pack,
+        origin=f"{path}:{line}",
+    )
+
+
+def _source_texts(entry: LineMap) -> list[tuple[str, int]]:
+    if "source" in entry and "sources" in entry:
+        raise RuleDefinitionError("give either 'source' or 'sources', not both", entry.line)
+    if "source" in entry:
+        return [(entry["source"], entry.line_of("source"))]
+    sources = entry.get("sources")
+    if not isinstance(sources, LineList) or not sources:
+        raise RuleDefinitionError("rule has no 'source'", entry.line)
+    return list(zip(sources, sources.item_lines))
+
+
+def _parse_lets(entry: LineMap, bound: set[str], line: int) -> dict[str, Any]:
+    raw = entry.get("let", {})
+    if not isinstance(raw, dict):
+        raise RuleDefinitionError("'let' must map names to expressions", line)
+    lets = {}
+    known = set(bound)
+    for name, text in raw.items():
+        if not isinstance(name, str) or not name.isidentifier() or name in known:
+            raise RuleDefinitionError(f"'let' name {name!r} is invalid or already bound", line)
+        lets[name] = compile_guards([text], known, line)[0]
+        known.add(name)
+    return lets
+
+
+def _parse_opset(entry: LineMap, line: int) -> dict[str, tuple[int | None, int | None]]:
+    raw = entry.get("opset", {})
+    if not isinstance(raw, dict):
+        raise RuleDefinitionError("'opset' must map a domain to [min, max] or a minimum", line)
+    result: dict[str, tuple[int | None, int | None]] = {}
+    for domain, bounds in raw.items():
+        domain_name = "" if domain in ("", "ai.onnx") else str(domain)
+        if isinstance(bounds, int) and not isinstance(bounds, bool):
+            result[domain_name] = (bounds, None)
+        elif (
+            isinstance(bounds, list)
+            and len(bounds) == 2
+            and all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in bounds)
+        ):
+            result[domain_name] = (bounds[0], bounds[1])
+        else:
+            raise RuleDefinitionError(
+                f"opset for domain '{domain}' must be a minimum or [min, max]", line
+            )
+    return result
+
+
+def _parse_imports(entry: LineMap, line: int) -> dict[str, int]:
+    raw = entry.get("imports", {})
+    if not isinstance(raw, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in raw.values()
+    ):
+        raise RuleDefinitionError("'imports' must map domains to opset versions", line)
+    return {str(k): v for k, v in raw.items()}
+
+
+def _string(entry: LineMap, key: str, default: str) -> str:
+    value = entry.get(key, default)
+    if not isinstance(value, str):
+        raise RuleDefinitionError(f"'{key}' must be a string", entry.line_of(key))
+    return value
+
+
+def _integer(entry: LineMap, key: str, default: int) -> int:
+    value = entry.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RuleDefinitionError(f"'{key}' must be an integer", entry.line_of(key))
+    return value
+
+
+def _tolerance(entry: LineMap, line: int) -> float | None:
+    value = entry.get("tolerance")
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+        raise RuleDefinitionError("'tolerance' must be a number in [0, 1)", line)
+    return float(value)
+
+
+def _string_list(entry: LineMap, key: str) -> list[str]:
+    value = entry.get(key, [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RuleDefinitionError(f"'{key}' must be a list of strings", entry.line_of(key))
+    return list(value)
+
+
+def _mapping(entry: LineMap, key: str) -> dict[str, Any]:
+    value = entry.get(key, {})
+    if not isinstance(value, dict):
+        raise RuleDefinitionError(f"'{key}' must be a mapping", entry.line_of(key))
+    return dict(value)
+
+
+def _string_map(entry: LineMap, key: str) -> dict[str, str]:
+    value = entry.get(key, {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise RuleDefinitionError(f"'{key}' must map names to names", entry.line_of(key))
+    return dict(value)

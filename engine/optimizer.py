@@ -1,0 +1,341 @@
+"""The optimization pipeline: normalize, rewrite to a fixpoint, clean up, check."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+
+from onnxfuse.errors import OnnxfuseError
+from onnxfuse.folding import DEFAULT_FOLD_LIMIT_BYTES, FoldContext, Folder
+from onnxfuse.language.rule import Rule
+from onnxfuse.matcher import Match, Matcher, ModelContext
+from onnxfuse.naming import NameSource, all_graphs
+from onnxfuse.rewrite import Blocked, apply_match
+
+DEFAULT_MAX_ITERATIONS = 10
+# A signature firing this often means rules undo each other.
+_OSCILLATION_REPEATS = 4
+
+
+class InvariantError(OnnxfuseError):
+    """The optimized model broke an invariant: a bug in a rule or in onnxfuse."""
+
+
+@dataclass
+class RuleStats:
+    matched: int = 0
+    applied: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    nodes_before: int = 0
+    nodes_after: int = 0
+    iterations: int = 0
+    rewrites: int = 0
+    folded: int = 0
+    seconds: float = 0.0
+    stopped: str | None = None
+    rules: dict[str, RuleStats] = field(default_factory=dict)
+    ops_before: dict[str, int] = field(default_factory=dict)
+    ops_after: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "iterations": self.iterations,
+            "rewrites": self.rewrites,
+            "folded": self.folded,
+            "seconds": round(self.seconds, 6),
+            "stopped": self.stopped,
+            "rules": {
+                name: {
+                    "matched": s.matched,
+                    "applied": s.applied,
+                    "seconds": round(s.seconds, 6),
+                }
+                for name, s in self.rules.items()
+            },
+            "ops_before": self.ops_before,
+            "ops_after": self.ops_after,
+        }
+
+
+@dataclass
+class Options:
+    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    max_rewrites: int | None = None  # default: 10 per node of the input, at least 10,000
+    fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
+    progress: Callable[[str], None] | None = None
+
+
+def count_nodes(model: ir.Model) -> int:
+    return sum(len(graph) for graph in all_graphs(model))
+
+
+def op_histogram(model: ir.Model) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for graph in all_graphs(model):
+        for node in graph:
+            counts[f"{node.domain}::{node.op_type}" if node.domain else node.op_type] += 1
+    return dict(sorted(counts.items()))
+
+
+def order_rules(rules: list[Rule]) -> list[Rule]:
+    """Deterministic priority: higher benefit first, then the order rules were given."""
+    return [r for _, r in sorted(enumerate(rules), key=lambda p: (-p[1].benefit, p[0]))]
+
+
+def optimize(model: ir.Model, rules: list[Rule], options: Options | None = None) -> Report:
+    """Optimize ``model`` in place with ``rules``; return what happened."""
+    options = options or Options()
+    started = time.perf_counter()
+    report = Report(nodes_before=count_nodes(model), ops_before=op_histogram(model))
+    report.rules = {rule.name: RuleStats() for rule in rules}
+    interface = _interface(model)
+    names = NameSource(model)
+    folder = normalize(model, names, options.fold_limit_bytes)
+
+    driver = _Driver(model, order_rules(rules), options, report, names, folder)
+    driver.run()
+
+    for graph in all_graphs(model):
+        folder.fold_graph(graph)
+    _cleanup(model)
+    _restore_interface(model, interface)
+    report.folded = folder.folded
+    report.nodes_after = count_nodes(model)
+    report.ops_after = op_histogram(model)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+class _Driver:
+    """Worklist fixpoint over every graph and function of a model."""
+
+    def __init__(
+        self,
+        model: ir.Model,
+        rules: list[Rule],
+        options: Options,
+        report: Report,
+        names: NameSource,
+        folder: Folder,
+    ):
+        self.model = model
+        self.options = options
+        self.report = report
+        self.names = names
+        self.folder = folder
+        self.by_anchor: dict[tuple[str, str], list[Rule]] = {}
+        for rule in rules:
+            for key in sorted(rule.anchor_keys):
+                self.by_anchor.setdefault(key, []).append(rule)
+        self.max_rewrites = options.max_rewrites or max(10_000, 10 * report.nodes_before)
+        self.signatures: Counter[tuple[object, ...]] = Counter()
+        self.history: list[tuple[tuple[object, ...], str]] = []
+        self.last_progress = time.perf_counter()
+
+    def run(self) -> None:
+        if not self.by_anchor:
+            return
+        for iteration in range(1, self.options.max_iterations + 1):
+            self.report.iterations = iteration
+            changed = False
+            for graph, context in self._graphs():
+                changed |= self._fixpoint(graph, context)
+                if self.report.stopped:
+                    return
+            if not changed:
+                return
+        self.report.stopped = (
+            f"iteration cap reached ({self.options.max_iterations}); "
+            "the result is valid but may not be a fixpoint"
+        )
+
+    def _graphs(self) -> list[tuple[ir.Graph, ModelContext]]:
+        ir_version = self.model.ir_version or 10
+        main = ModelContext(ir_version, dict(self.model.opset_imports))
+        found = [(self.model.graph, main)]
+        found.extend((g, main) for g in self.model.graph.subgraphs())
+        for function in self.model.functions.values():
+            context = ModelContext(ir_version, dict(function.opset_imports))
+            found.append((function.graph, context))
+            found.extend((g, context) for g in function.graph.subgraphs())
+        return found
+
+    def _fixpoint(self, graph: ir.Graph, context: ModelContext) -> bool:
+        matchers = {
+            id(rule): Matcher(rule, context) for rules in self.by_anchor.values() for rule in rules
+        }
+        queue: deque[ir.Node] = deque(graph)
+        queued = {id(n) for n in queue}
+        changed = False
+        while queue:
+            node = queue.popleft()
+            queued.discard(id(node))
+            if node.graph is not graph:
+                continue
+            for rule in self.by_anchor.get((node.domain, node.op_type), ()):
+                stats = self.report.rules[rule.name]
+                started = time.perf_counter()
+                match = matchers[id(rule)].match(node)
+                if match is None:
+                    stats.seconds += time.perf_counter() - started
+                    continue
+                stats.matched += 1
+                created = self._apply(match, context)
+                stats.seconds += time.perf_counter() - started
+                if created is None:
+                    continue
+                stats.applied += 1
+                changed = True
+                if self.report.stopped:
+                    return changed
+                for touched in self._neighbourhood(created, match):
+                    if id(touched) not in queued and touched.graph is graph:
+                        queue.append(touched)
+                        queued.add(id(touched))
+                break
+            self._show_progress(len(queue))
+        return changed
+
+    def _apply(self, match: Match, context: ModelContext) -> list[ir.Node] | None:
+        signature = match.signature()
+        self.signatures[signature] += 1
+        self.history.append((signature, match.rule.name))
+        if self.signatures[signature] >= _OSCILLATION_REPEATS:
+            first = next(i for i, (s, _) in enumerate(self.history) if s == signature)
+            involved = sorted({name for _, name in self.history[first:]})
+            self.report.stopped = (
+                "rules oscillate (they undo each other's rewrites): " + ", ".join(involved)
+            )
+            return None
+        if self.report.rewrites >= self.max_rewrites:
+            self.report.stopped = f"rewrite cap reached ({self.max_rewrites})"
+            return None
+        try:
+            created = apply_match(match, context, self.names)
+        except Blocked:
+            return None
+        self._add_opset_imports(match.rule, created)
+        self.report.rewrites += 1
+        return self.folder.fold_nodes(created)
+
+    def _add_opset_imports(self, rule: Rule, created: list[ir.Node]) -> None:
+        graph = created[0].graph if created else None
+        for node in created:
+            if node.domain in self.model.opset_imports:
+                continue
+            version = rule.imports.get(node.domain, 1)
+            self.model.opset_imports[node.domain] = version
+            for function in self.model.functions.values():
+                if graph is function.graph:
+                    function.opset_imports.setdefault(node.domain, version)
+
+    def _neighbourhood(self, created: list[ir.Node], match: Match) -> list[ir.Node]:
+        """Nodes whose matches a rewrite may have changed."""
+        touched: list[ir.Node] = list(created)
+        frontier = [o for n in created for o in n.outputs]
+        frontier.extend(v for v in match.values.values() if v is not None)
+        for value in frontier:
+            producer = value.producer()
+            if producer is not None:
+                touched.append(producer)
+            touched.extend(value.consumers())
+        # Patterns anchored further down may now reach the new nodes.
+        for _ in range(2):
+            next_level = [c for n in touched for o in n.outputs for c in o.consumers()]
+            touched.extend(next_level)
+        return touched
+
+    def _show_progress(self, pending: int) -> None:
+        if self.options.progress is None:
+            return
+        now = time.perf_counter()
+        if now - self.last_progress >= 2.0:
+            self.last_progress = now
+            self.options.progress(
+                f"rewriting: {self.report.rewrites} rewrites, {pending} nodes queued"
+            )
+
+
+def normalize(
+    model: ir.Model,
+    names: NameSource | None = None,
+    fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
+) -> Folder:
+    """Constants as initializers, constant subgraphs folded, shapes inferred."""
+    common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    _infer_shapes(model)
+    folder = Folder(
+        FoldContext(model.ir_version or 10, dict(model.opset_imports), fold_limit_bytes),
+        names or NameSource(model),
+    )
+    for graph in all_graphs(model):
+        folder.fold_graph(graph)
+    _infer_shapes(model)
+    return folder
+
+
+def _cleanup(model: ir.Model) -> None:
+    common_passes.RemoveUnusedNodesPass()(model)
+    common_passes.CommonSubexpressionEliminationPass()(model)
+    common_passes.DeduplicateInitializersPass()(model)
+    common_passes.RemoveUnusedNodesPass()(model)
+    common_passes.RemoveUnusedOpsetsPass()(model)
+    common_passes.TopologicalSortPass()(model)
+    _infer_shapes(model)
+
+
+def _infer_shapes(model: ir.Model) -> None:
+    try:
+        common_passes.ShapeInferencePass()(model)
+    except Exception:  # shape inference is a help, not a requirement
+        return
+
+
+@dataclass
+class _Interface:
+    inputs: list[tuple[str, object, object]]
+    outputs: list[tuple[str, object, object]]
+
+
+def _interface(model: ir.Model) -> _Interface:
+    def describe(values: list[ir.Value]) -> list[tuple[str, object, object]]:
+        return [(v.name or "", v.type, v.shape) for v in values]
+
+    return _Interface(describe(list(model.graph.inputs)), describe(list(model.graph.outputs)))
+
+
+def _restore_interface(model: ir.Model, before: _Interface) -> None:
+    """Graph inputs and outputs keep their names, types and shapes."""
+    for kind, values, expected in (
+        ("input", model.graph.inputs, before.inputs),
+        ("output", model.graph.outputs, before.outputs),
+    ):
+        if [v.name for v in values] != [name for name, _, _ in expected]:
+            raise InvariantError(f"graph {kind} names changed during optimization")
+        for value, (_, value_type, shape) in zip(values, expected):
+            value.type = value_type
+            value.shape = shape
+
+
+def check_model(model: ir.Model) -> None:
+    """The optimized model must pass onnx's full checker."""
+    proto = ir.serde.serialize_model(model)
+    if proto.ByteSize() > 1_900_000_000:
+        return  # too large to check in memory; checked by path after saving
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvariantError(f"optimized model fails the ONNX checker: {first}") from None

@@ -1,0 +1,1 @@
+"""Built-in rule packs, one folder each (data, installed with onnxfuse)."""

@@ -1,0 +1,1 @@
+"""Capability files of execution providers (data, installed with onnxfuse)."""
