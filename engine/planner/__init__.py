@@ -1,0 +1,1 @@
+"""Static memory planning: one arena for every intermediate tensor."""

@@ -1,0 +1,219 @@
+"""Run a model step by step with every intermediate inside one buffer at its planned offset.
+
+Each step is a one-node onnxruntime session. Its inputs are bound to the
+arena's memory and its outputs are bound to the arena at their planned offsets,
+so onnxruntime reads and writes the arena itself (in-place steps really alias).
+If two live tensors overlapped, one would clobber the other and the outputs
+would differ from onnxruntime's run of the whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+from onnxfuse.errors import OnnxfuseError
+from onnxfuse.planner.lifetimes import used_values
+from onnxfuse.planner.plan import ListedTensor, Plan, PlannedTensor, tensor_info
+
+# Tolerances against the whole-model run (which may fuse ops and round differently).
+_TOLERANCE = {
+    np.dtype(np.float16): (1e-2, 1e-3),
+    np.dtype(np.float32): (1e-4, 1e-5),
+    np.dtype(np.float64): (1e-7, 1e-9),
+}
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    max_abs_diff: dict[str, float]  # per graph output
+    mismatched: list[str]
+
+
+class ArenaExecutor:
+    """Executes ``model`` inside one arena laid out by ``plan``; sessions are cached."""
+
+    def __init__(self, model: ir.Model, plan: Plan):
+        self._model = model
+        self._plan = plan
+        self._nodes = list(model.graph)
+        self._placed = {t.name: t for t in plan.tensors}
+        self._types: dict[str, PlannedTensor | ListedTensor] = {t.name: t for t in plan.tensors}
+        for listed in (plan.inputs, plan.outputs, plan.initializers, plan.constants):
+            self._types.update((t.name, t) for t in listed)
+        stepped = {s.node for s in plan.steps}
+        self._constant_nodes = [i for i in range(len(self._nodes)) if i not in stepped]
+        self._sessions: dict[int, ort.InferenceSession] = {}
+        self.arena = _aligned_buffer(plan.arena_bytes, max(plan.alignment, 64))
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # Garbage first (NaN for floats): reading a byte no step wrote shows in the outputs.
+        self.arena.fill(0xFF)
+        outside: dict[str, np.ndarray] = {
+            v.name: v.const_value.numpy()
+            for v in self._model.graph.initializers.values()
+            if v.const_value is not None
+        }
+        outside.update(feeds)
+        for index in self._constant_nodes:  # folded constants live outside the arena
+            session = self._session(index)
+            names = [o.name for o in session.get_outputs()]
+            feed = {i.name: outside[i.name] for i in session.get_inputs()}
+            outside.update(zip(names, session.run(names, feed), strict=True))
+        for step in self._plan.steps:
+            self._run_step(step.node, outside)
+        return {t.name: outside[t.name] for t in self._plan.outputs}
+
+    def _run_step(self, index: int, outside: dict[str, np.ndarray]) -> None:
+        session = self._session(index)
+        binding = session.io_binding()
+        for meta in session.get_inputs():
+            placed = self._placed.get(meta.name)
+            if placed is not None and placed.nbytes:
+                binding.bind_input(meta.name, "cpu", 0, *self._pointer(placed))
+            elif placed is not None:
+                binding.bind_cpu_input(meta.name, self.view(placed))
+            else:
+                binding.bind_cpu_input(meta.name, np.ascontiguousarray(outside[meta.name]))
+        unplaced = []
+        for meta in session.get_outputs():
+            placed = self._placed.get(meta.name)
+            if placed is not None and placed.nbytes:
+                dtype, shape, pointer = self._pointer(placed)
+                binding.bind_output(meta.name, "cpu", 0, dtype, shape, pointer)
+            else:
+                binding.bind_output(meta.name, "cpu")
+                unplaced.append(meta.name)
+        session.run_with_iobinding(binding)
+        results = dict(
+            zip([o.name for o in session.get_outputs()], binding.get_outputs(), strict=True)
+        )
+        for name in unplaced:
+            value = results[name].numpy()
+            if name in self._placed:
+                self.view(self._placed[name])[...] = value
+            else:
+                outside[name] = value
+
+    def view(self, t: PlannedTensor) -> np.ndarray:
+        """The tensor's bytes in the arena, as an array of its dtype and shape."""
+        info = tensor_info(t)
+        raw = self.arena[t.offset : t.offset + t.nbytes]
+        return raw.view(info.dtype.numpy()).reshape(info.shape)
+
+    def _pointer(self, t: PlannedTensor) -> tuple[np.dtype, list[int], int]:
+        return tensor_info(t).dtype.numpy(), list(t.shape), self.arena.ctypes.data + t.offset
+
+    def _session(self, index: int) -> ort.InferenceSession:
+        if index not in self._sessions:
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            options.log_severity_level = 3
+            # A session with its own thread pool takes ~70 ms to tear down; one per node adds up.
+            options.intra_op_num_threads = 1
+            model = self._one_node_model(self._nodes[index])
+            try:
+                self._sessions[index] = ort.InferenceSession(
+                    model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:  # onnxruntime raises several unrelated types
+                first = str(exc).strip().splitlines()[0][:300]
+                raise OnnxfuseError(f"onnxruntime cannot run node {index}: {first}") from None
+        return self._sessions[index]
+
+    def _one_node_model(self, node: ir.Node) -> onnx.ModelProto:
+        """The node alone; values its bodies read from the outer scope become inputs too."""
+        proto = ir.to_proto(node)
+        for k, name in enumerate(proto.output):
+            if name in self._plan.omitted:
+                proto.output[k] = ""
+        inputs = list(dict.fromkeys(v.name for v in used_values(node)))
+        graph = onnx.helper.make_graph(
+            [proto],
+            "step",
+            [self._value_info(name) for name in inputs],
+            [self._value_info(name) for name in proto.output if name],
+        )
+        return onnx.helper.make_model(
+            graph,
+            ir_version=self._model.ir_version,
+            opset_imports=[
+                onnx.helper.make_opsetid(domain, version)
+                for domain, version in self._model.opset_imports.items()
+            ],
+            functions=[ir.to_proto(f) for f in self._model.functions.values()],
+        )
+
+    def _value_info(self, name: str) -> onnx.ValueInfoProto:
+        t = self._types[name]
+        return onnx.helper.make_tensor_value_info(name, ir.DataType[t.dtype].value, t.shape)
+
+
+def random_feeds(model: ir.Model, plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs: normal floats, 0/1 integers (valid as indices), random bools.
+
+    An input that is also an initializer (an overridable default) gets its default.
+    """
+    rng = np.random.default_rng(seed)
+    initializers = model.graph.initializers
+    feeds = {}
+    for t in plan.inputs:
+        if t.name in initializers and initializers[t.name].const_value is not None:
+            feeds[t.name] = initializers[t.name].const_value.numpy()
+            continue
+        dtype = tensor_info(t).dtype.numpy()
+        if np.issubdtype(dtype, np.floating):
+            feeds[t.name] = rng.standard_normal(t.shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[t.name] = rng.random(t.shape) < 0.5
+        else:
+            feeds[t.name] = rng.integers(0, 2, t.shape).astype(dtype)
+    return feeds
+
+
+def verify_plan(
+    model: ir.Model, plan: Plan, feeds: Mapping[str, np.ndarray] | None = None, seed: int = 0
+) -> VerifyResult:
+    """Run ``model`` inside the arena and compare with onnxruntime's run of the whole model."""
+    feeds = dict(feeds) if feeds is not None else random_feeds(model, plan, seed)
+    got = ArenaExecutor(model, plan).run(feeds)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        reference = ort.InferenceSession(
+            ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        names = [o.name for o in reference.get_outputs()]
+        expected = dict(zip(names, reference.run(names, feeds), strict=True))
+    except Exception as exc:  # onnxruntime raises several unrelated types
+        first = str(exc).strip().splitlines()[0][:300]
+        raise OnnxfuseError(f"onnxruntime cannot run the model: {first}") from None
+    diffs, mismatched = {}, []
+    for name, want in expected.items():
+        have = got[name]
+        rtol, atol = _TOLERANCE.get(want.dtype, (0.0, 0.0))
+        same = have.shape == want.shape and np.allclose(have, want, rtol, atol, equal_nan=True)
+        diffs[name] = _max_abs_diff(have, want)
+        if not same:
+            mismatched.append(name)
+    return VerifyResult(not mismatched, diffs, mismatched)
+
+
+def _max_abs_diff(have: np.ndarray, want: np.ndarray) -> float:
+    if have.shape != want.shape or not have.size:
+        return 0.0 if have.shape == want.shape else float("inf")
+    if want.dtype == np.bool_:
+        return float(np.count_nonzero(have != want))
+    return float(np.max(np.abs(have.astype(np.float64) - want.astype(np.float64))))
+
+
+def _aligned_buffer(nbytes: int, alignment: int) -> np.ndarray:
+    """A uint8 buffer whose first byte is ``alignment``-aligned, so planned offsets are too."""
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start : start + nbytes]
