@@ -9,18 +9,29 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import onnx_ir as ir
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.planner.inplace import inplace_inputs
-from onnxfuse.planner.lifetimes import Lifetimes
+from onnxfuse.planner.lifetimes import Lifetimes, compute_lifetimes
 from onnxfuse.planner.plan import Plan, PlannedTensor
+from onnxfuse.planner.shapes import infer_tensor_infos
 
 
 class PlanError(OnnxfuseError):
     """A plan that would corrupt tensors (or does not describe the model)."""
 
 
-def check_plan(plan: Plan, lifetimes: Lifetimes | None = None) -> None:
-    """Raise PlanError naming the first problems found, if any."""
+def check_plan(plan: Plan, model: ir.Model | None = None) -> None:
+    """Raise PlanError naming the first problem found, if any.
+
+    With ``model``, the lifetimes are recomputed from the model (with the plan's
+    dims and order) instead of trusting the plan's own first and last steps.
+    """
+    lifetimes = None
+    if model is not None:
+        infos = infer_tensor_infos(model, plan.dims)
+        order = [s.node for s in plan.steps]
+        lifetimes = compute_lifetimes(model, infos, order, plan.fold_constants)
     problems = plan_problems(plan, lifetimes)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -73,7 +73,7 @@ def run_plan(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         fold_constants=not args.keep_constants,
     )
-    check_plan(plan)
+    check_plan(plan, model)
     print(summary(plan))
     if args.output:
         plan.write_json(args.output)

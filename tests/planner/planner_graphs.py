@@ -1,0 +1,65 @@
+"""Small hand-built models for the planner tests (opset 17, IR 8: onnxruntime runs them)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+LIGHT = __import__("pathlib").Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def make_model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: list[TensorProto] = (),
+    ir_version: int = 8,
+) -> ir.Model:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=ir_version
+    )
+    onnx.checker.check_model(proto, full_check=True)
+    return ir.from_proto(proto)
+
+
+def tensor(name: str, shape: list[int | str], dtype: int = TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def weight(name: str, *shape: int, seed: int = 0) -> TensorProto:
+    rng = np.random.default_rng(seed + len(name))
+    return numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+
+
+def matmul_chain() -> ir.Model:
+    """x[1,16] -> a[1,32] -> b[1,16] -> c[1,24] -> y[1,8]: 128, 64 and 96 bytes.
+
+    With 64-byte alignment the optimal arena is 192 (c takes a's slot); onnxruntime's
+    exact-size reuse cannot give a's 128-byte buffer to the 96-byte c.
+    """
+    dims = [("x", 16), ("a", 32), ("b", 16), ("c", 24), ("y", 8)]
+    nodes, inits = [], []
+    for (src, n_in), (dst, n_out) in itertools.pairwise(dims):
+        inits.append(weight(f"w_{dst}", n_in, n_out))
+        nodes.append(helper.make_node("MatMul", [src, f"w_{dst}"], [dst], name=f"mm_{dst}"))
+    return make_model(nodes, [tensor("x", [1, 16])], [tensor("y", [1, 8])], inits)
+
+
+def two_branches() -> ir.Model:
+    """Two branches x->big->small, concatenated. Graph order runs both bigs first."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "wa1"], ["a1"], name="A1"),
+        helper.make_node("MatMul", ["x", "wb1"], ["b1"], name="B1"),
+        helper.make_node("MatMul", ["a1", "wa2"], ["a2"], name="A2"),
+        helper.make_node("MatMul", ["b1", "wb2"], ["b2"], name="B2"),
+        helper.make_node("Concat", ["a2", "b2"], ["y"], name="cat", axis=1),
+    ]
+    inits = [weight("wa1", 16, 256), weight("wb1", 16, 256)]
+    inits += [weight("wa2", 256, 16), weight("wb2", 256, 16)]
+    return make_model(nodes, [tensor("x", [1, 16])], [tensor("y", [1, 32])], inits)

@@ -1,0 +1,90 @@
+"""`onnxfuse plan`: outputs, embedding, verification and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+from onnx import helper
+from onnxfuse.cli import main
+from onnxfuse.model_io import load_model, save_model
+from onnxfuse.planner import METADATA_KEY, check_plan, read_embedded_plan
+from planner_graphs import LIGHT, make_model, tensor
+
+SQUEEZENET = str(LIGHT / "light_squeezenet.onnx")
+
+
+def _symbolic_model(tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+    model = make_model(nodes, [tensor("x", ["batch", 16])], [tensor("y", ["batch", 16])])
+    path = tmp_path / "sym.onnx"
+    save_model(model, path)
+    return str(path)
+
+
+def test_plan_writes_json_embeds_and_verifies(tmp_path, capsys):
+    out, embedded = tmp_path / "plan.json", tmp_path / "planned.onnx"
+    before = Path(SQUEEZENET).read_bytes()
+    code = main(
+        ["plan", SQUEEZENET, "--verify", "--schedule", "-o", str(out), "--embed", str(embedded)]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "arena/bound 1.0000" in printed and "verify: outputs match onnxruntime" in printed
+    plan = json.loads(out.read_text())
+    assert plan["arena_bytes"] == plan["lower_bound_bytes"] < plan["ort_policy_bytes"]
+    assert Path(SQUEEZENET).read_bytes() == before  # the input is never modified
+    model = load_model(embedded)
+    stored = read_embedded_plan(model)
+    assert stored.arena_bytes == plan["arena_bytes"]
+    # The embedded model runs its steps in its own node order, after the constants.
+    assert [s.node for s in stored.steps] == list(range(39, 39 + len(stored.steps)))
+    check_plan(stored, model)
+    assert METADATA_KEY in {p.key for p in onnx.load(embedded).metadata_props}
+
+
+def test_dims_strategy_and_alignment(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    path = _symbolic_model(tmp_path)
+    args = ["plan", path, "--dim", "batch=4", "--strategy", "greedy-size", "--align", "16"]
+    assert main([*args, "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert (plan["strategy"], plan["alignment"], plan["dims"]) == ("greedy-size", 16, {"batch": 4})
+    assert plan["tensors"][0]["shape"] == [4, 16] and plan["arena_bytes"] == 256
+
+
+def _run(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "onnxfuse", "plan", *args], capture_output=True, text=True
+    )
+
+
+def test_unknown_dim_is_one_line_and_exit_2(tmp_path):
+    result = _run(_symbolic_model(tmp_path), "--dim", "seq=3")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "onnxfuse: error: unknown dim 'seq' (the model's symbolic dims: batch)\n"
+    )
+
+
+def test_unbound_dim_names_the_tensor(tmp_path):
+    result = _run(_symbolic_model(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "input 'x' has unknown dim 'batch': bind it with --dim batch=VALUE" in result.stderr
+
+
+def test_missing_file_is_one_line_and_exit_2(tmp_path):
+    result = _run(str(tmp_path / "missing.onnx"))
+    assert result.returncode == 2
+    assert result.stderr == f"onnxfuse: error: {tmp_path / 'missing.onnx'}: no such file\n"
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
+    for args in (["--dim", "batch"], ["--strategy", "magic"], ["--align", "0"]):
+        assert main(["plan", SQUEEZENET, *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("onnxfuse: error: ")
