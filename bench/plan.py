@@ -151,7 +151,8 @@ def bench_one(name: str, model: ir.Model, dims: dict[str, int]) -> tuple[list[st
             f"| {plan.arena_bytes / plan.naive_bytes:.4f} "
             f"| {plan.arena_bytes / plan.ort_policy_bytes:.4f} | {seconds:.2f} |"
         )
-        if best is None or plan.arena_bytes < best.arena_bytes:
+        # On a tie the later, stronger configuration is the one reported.
+        if best is None or plan.arena_bytes <= best.arena_bytes:
             best = plan
     check_plan(best, model)
     result = verify_plan(model, best)

@@ -63,3 +63,22 @@ def two_branches() -> ir.Model:
     inits = [weight("wa1", 16, 256), weight("wb1", 16, 256)]
     inits += [weight("wa2", 256, 16), weight("wb2", 256, 16)]
     return make_model(nodes, [tensor("x", [1, 16])], [tensor("y", [1, 32])], inits)
+
+
+def if_model() -> ir.Model:
+    """An If whose branches read ``early``, made at step 0, from the outer scope."""
+    then = helper.make_graph(
+        [helper.make_node("Relu", ["early"], ["t"])], "then", [], [tensor("t", [8])]
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["early"], ["e"])], "else", [], [tensor("e", [8])]
+    )
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["early"]),
+        helper.make_node("Exp", ["x"], ["unrelated"]),
+        helper.make_node("ReduceSum", ["unrelated"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["cond"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+    ]
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    return make_model(nodes, [tensor("x", [8])], [tensor("y", [8])], [zero])

@@ -5,11 +5,19 @@ from __future__ import annotations
 import json
 
 import pytest
-from onnx import TensorProto, helper
+from onnx import helper
 from onnxfuse.errors import ModelError
 from onnxfuse.model_io import load_model
 from onnxfuse.planner import Plan, check_plan, plan_model
-from planner_graphs import LIGHT, make_model, matmul_chain, tensor, two_branches, weight
+from planner_graphs import (
+    LIGHT,
+    if_model,
+    make_model,
+    matmul_chain,
+    tensor,
+    two_branches,
+    weight,
+)
 
 
 @pytest.mark.parametrize("strategy", ["greedy-size", "search"])
@@ -74,22 +82,7 @@ def test_no_inplace_over_an_input_still_read_later():
 
 
 def test_value_read_inside_a_body_lives_across_the_whole_node():
-    then = helper.make_graph(
-        [helper.make_node("Relu", ["early"], ["t"])], "then", [], [tensor("t", [8])]
-    )
-    other = helper.make_graph(
-        [helper.make_node("Neg", ["early"], ["e"])], "else", [], [tensor("e", [8])]
-    )
-    nodes = [
-        helper.make_node("Sigmoid", ["x"], ["early"]),
-        helper.make_node("Exp", ["x"], ["unrelated"]),
-        helper.make_node("ReduceSum", ["unrelated"], ["total"], keepdims=0),
-        helper.make_node("Greater", ["total", "zero"], ["cond"]),
-        helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
-    ]
-    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
-    model = make_model(nodes, [tensor("x", [8])], [tensor("y", [8])], [zero])
-    placed = {t.name: t for t in plan_model(model).tensors}
+    placed = {t.name: t for t in plan_model(if_model()).tensors}
     assert (placed["early"].first, placed["early"].last) == (0, 4)
 
 

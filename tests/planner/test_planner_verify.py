@@ -10,7 +10,7 @@ import pytest
 from onnxfuse.model_io import load_model
 from onnxfuse.planner import ArenaExecutor, check_plan, plan_model, verify_plan
 from onnxfuse.planner.arena_executor import random_feeds
-from planner_graphs import LIGHT
+from planner_graphs import LIGHT, if_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,4 +43,11 @@ def test_bert_style_encoder_with_symbolic_dims():
     plan = plan_model(model, dims={"batch": 2, "seq": 128})
     check_plan(plan, model)
     assert plan.arena_bytes <= 1.05 * plan.lower_bound_bytes
+    assert verify_plan(model, plan).ok
+
+
+def test_if_node_reads_outer_scope_values_from_the_arena():
+    model = if_model()
+    plan = plan_model(model)
+    assert "early" in {t.name for t in plan.tensors}
     assert verify_plan(model, plan).ok
