@@ -65,7 +65,24 @@ def infer_tensor_infos(model: ir.Model, dims: Mapping[str, int]) -> dict[str, Te
         infos[vi.name] = _info_from_type(vi.type)
     for init in graph.initializer:
         infos[init.name] = TensorInfo(ir.DataType(init.data_type), tuple(init.dims))
+    _add_loop_carried(clone.graph, infos)
     return infos
+
+
+def _add_loop_carried(graph: ir.Graph, infos: dict[str, TensorInfo | str]) -> None:
+    """onnx shape inference drops the shapes of a Loop's carried values (they may change
+    from one iteration to the next); when the body declares a fixed shape, use it."""
+    for node in graph:
+        if node.op_type != "Loop" or node.domain not in ("", "ai.onnx"):
+            continue
+        body_outputs = node.attributes["body"].as_graph().outputs
+        n_carried = len(node.inputs) - 2
+        for out, declared in zip(node.outputs[:n_carried], body_outputs[1:], strict=False):
+            shape = declared.shape
+            if isinstance(infos.get(out.name), TensorInfo) or declared.dtype is None:
+                continue
+            if shape is not None and all(isinstance(d, int) for d in shape):
+                infos[out.name] = TensorInfo(declared.dtype, tuple(shape))
 
 
 def _bind(dim: int | ir.SymbolicDim, dims: Mapping[str, int]) -> int | ir.SymbolicDim:

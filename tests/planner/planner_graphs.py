@@ -82,3 +82,28 @@ def if_model() -> ir.Model:
     ]
     zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
     return make_model(nodes, [tensor("x", [8])], [tensor("y", [8])], [zero])
+
+
+def loop_model() -> ir.Model:
+    """A Loop adding ``early`` (read from the outer scope) three times to a carried value."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["acc_in", "early"], ["acc_out"]),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            tensor("i", [], TensorProto.INT64),
+            tensor("cond_in", [], TensorProto.BOOL),
+            tensor("acc_in", [8]),
+        ],
+        [tensor("cond_out", [], TensorProto.BOOL), tensor("acc_out", [8])],
+    )
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["early"]),
+        helper.make_node("Relu", ["x"], ["start"]),
+        helper.make_node("Loop", ["n", "", "start"], ["acc"], body=body),
+        helper.make_node("Neg", ["acc"], ["y"]),
+    ]
+    n = helper.make_tensor("n", TensorProto.INT64, [], [3])
+    return make_model(nodes, [tensor("x", [8])], [tensor("y", [8])], [n])

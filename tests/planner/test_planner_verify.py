@@ -10,7 +10,7 @@ import pytest
 from onnxfuse.model_io import load_model
 from onnxfuse.planner import ArenaExecutor, check_plan, plan_model, verify_plan
 from onnxfuse.planner.arena_executor import random_feeds
-from planner_graphs import LIGHT, if_model
+from planner_graphs import LIGHT, if_model, loop_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,8 +46,11 @@ def test_bert_style_encoder_with_symbolic_dims():
     assert verify_plan(model, plan).ok
 
 
-def test_if_node_reads_outer_scope_values_from_the_arena():
-    model = if_model()
+@pytest.mark.parametrize("build", [if_model, loop_model])
+def test_bodies_read_outer_scope_values_from_the_arena(build):
+    model = build()
     plan = plan_model(model)
-    assert "early" in {t.name for t in plan.tensors}
+    early = next(t for t in plan.tensors if t.name == "early")
+    assert early.last == next(i for i, s in enumerate(plan.steps) if s.op in ("If", "Loop"))
+    check_plan(plan, model)
     assert verify_plan(model, plan).ok
