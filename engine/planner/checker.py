@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import onnx_ir as ir
 from onnxfuse.errors import OnnxfuseError
-from onnxfuse.planner.inplace import inplace_inputs
+from onnxfuse.planner.inplace import allows_inplace, inplace_inputs
 from onnxfuse.planner.lifetimes import Lifetimes, compute_lifetimes
 from onnxfuse.planner.plan import Plan, PlannedTensor
 from onnxfuse.planner.shapes import infer_tensor_infos
@@ -99,10 +99,10 @@ def _inplace_problem(
         return f"{claim}: dtype or byte size differ"
     op = plan.steps[out.first].op
     if lifetimes is None:
-        allowed = bool(inplace_inputs(op, "", 2))
+        allowed = allows_inplace(op)
     else:
         node = lifetimes.steps[out.first]
-        positions = inplace_inputs(node.op_type, node.domain, len(node.inputs))
+        positions = inplace_inputs(node)
         allowed = node.outputs[0].name == out.name and any(
             p < len(node.inputs) and node.inputs[p] is not None and node.inputs[p].name == src.name
             for p in positions

@@ -58,10 +58,6 @@ def parse_dims(items: list[str]) -> dict[str, int]:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    if args.strategy not in STRATEGIES:
-        raise OnnxfuseError(
-            f"unknown strategy {args.strategy!r} (choose from: {', '.join(STRATEGIES)})"
-        )
     dims = parse_dims(args.dim)
     model = load_model(args.model)
     plan = plan_model(

@@ -8,6 +8,7 @@ before writing element i never reads a clobbered value.
 
 from __future__ import annotations
 
+import onnx_ir as ir
 from onnxfuse.planner.baselines import align_up
 from onnxfuse.planner.lifetimes import Lifetime, Lifetimes
 from onnxfuse.planner.strategies import Block
@@ -26,17 +27,27 @@ _BINARY = {
 }  # fmt: skip
 
 
-def inplace_inputs(op_type: str, domain: str, n_inputs: int) -> tuple[int, ...]:
-    """Input positions whose buffer output 0 of this op may take."""
-    if domain not in ("", "ai.onnx"):
+def allows_inplace(op_type: str, domain: str = "") -> bool:
+    return domain in ("", "ai.onnx") and op_type in _UNARY | _BINARY | {"Where"}
+
+
+def inplace_inputs(node: ir.Node) -> tuple[int, ...]:
+    """Input positions whose buffer output 0 of ``node`` may take."""
+    op, n_inputs = node.op_type, len(node.inputs)
+    if not allows_inplace(op, node.domain):
         return ()
-    if op_type in _UNARY:
+    if op == "BatchNormalization":
+        training = node.attributes.get("training_mode")
+        # Training form: batch statistics are read over the whole input first.
+        if len(node.outputs) > 1 or (training is not None and training.as_int()):
+            return ()
+    if op in _UNARY:
         return (0,)
     # Variadic ops fold three or more inputs pairwise into the output, so a
     # later input would be overwritten before it is read.
-    if op_type in _BINARY and n_inputs <= 2:
+    if op in _BINARY and n_inputs <= 2:
         return tuple(range(n_inputs))
-    if op_type == "Where":
+    if op == "Where":
         return (1, 2)
     return ()
 
@@ -49,7 +60,7 @@ def find_inplace(lifetimes: Lifetimes) -> dict[str, str]:
         if not node.outputs or node.outputs[0].name not in by_name:
             continue
         out = by_name[node.outputs[0].name]
-        for pos in inplace_inputs(node.op_type, node.domain, len(node.inputs)):
+        for pos in inplace_inputs(node):
             value = node.inputs[pos] if pos < len(node.inputs) else None
             src = by_name.get(value.name) if value is not None else None
             if src is not None and can_share(src, out, step):

@@ -54,10 +54,6 @@ class Lifetimes:
     # Optional outputs nobody reads: the node runs without producing them.
     omitted: list[str]
 
-    def peak_bytes(self) -> int:
-        """Peak of bytes alive at one step (no alignment, no in-place)."""
-        return peak([(t.first, t.last, t.info.nbytes) for t in self.tensors], len(self.steps))
-
 
 def peak(intervals: Sequence[tuple[int, int, int]], n_steps: int) -> int:
     """Max over steps of the summed sizes of the (first, last, size) intervals alive there."""

@@ -17,7 +17,7 @@ from onnxfuse.planner.inplace import find_inplace, make_blocks
 from onnxfuse.planner.lifetimes import Lifetimes, Listed, compute_lifetimes
 from onnxfuse.planner.schedule import candidate_orders
 from onnxfuse.planner.shapes import TensorInfo, infer_tensor_infos
-from onnxfuse.planner.strategies import lower_bound, run_strategy
+from onnxfuse.planner.strategies import get_strategy, lower_bound
 
 FORMAT = "onnxfuse.memory_plan"
 VERSION = 1
@@ -131,6 +131,7 @@ def plan_model(
     constants only (e.g. ConstantOfShape weights) out of the arena, like
     initializers.
     """
+    place = get_strategy(strategy)
     if alignment < 1:
         raise OnnxfuseError(f"alignment must be a positive number of bytes, not {alignment}")
     dims = dict(dims or {})
@@ -145,7 +146,7 @@ def plan_model(
                 lifetimes, chosen = candidate, "memory"
     pairs = find_inplace(lifetimes) if inplace else {}
     blocks, block_of = make_blocks(lifetimes, pairs, alignment)
-    placement = run_strategy(strategy, blocks, len(lifetimes.steps))
+    placement = place(blocks, len(lifetimes.steps))
     tensors = [
         PlannedTensor(
             name=t.name,

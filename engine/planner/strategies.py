@@ -136,7 +136,7 @@ STRATEGIES: dict[str, Callable[[Sequence[Block], int], Placement]] = {
 }
 
 
-def run_strategy(name: str, blocks: Sequence[Block], n_steps: int) -> Placement:
+def get_strategy(name: str) -> Callable[[Sequence[Block], int], Placement]:
     if name not in STRATEGIES:
         raise OnnxfuseError(f"unknown strategy {name!r} (choose from: {', '.join(STRATEGIES)})")
-    return STRATEGIES[name](blocks, n_steps)
+    return STRATEGIES[name]
