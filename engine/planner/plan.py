@@ -137,13 +137,14 @@ def plan_model(
     dims = dict(dims or {})
     infos = infer_tensor_infos(model, dims)
     lifetimes = compute_lifetimes(model, infos, fold_constants=fold_constants)
-    graph_bound = _bound(lifetimes, inplace, alignment)
+    best_bound = graph_bound = _bound(lifetimes, inplace, alignment)
     chosen = "graph"
     if schedule:
         for order in candidate_orders(lifetimes):
             candidate = compute_lifetimes(model, infos, order, fold_constants)
-            if _bound(candidate, inplace, alignment) < _bound(lifetimes, inplace, alignment):
-                lifetimes, chosen = candidate, "memory"
+            bound = _bound(candidate, inplace, alignment)
+            if bound < best_bound:
+                lifetimes, best_bound, chosen = candidate, bound, "memory"
     pairs = find_inplace(lifetimes) if inplace else {}
     blocks, block_of = make_blocks(lifetimes, pairs, alignment)
     placement = place(blocks, len(lifetimes.steps))
