@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         f"onnx {onnx.__version__}; median of {args.repeat} runs, file to file"
     )
     print(format_table(rows, verified=not args.no_verify))
-    print(format_failures(rows))
+    if not args.no_verify:
+        print(format_failures(rows))
     if args.json:
         data = {
             "repeat": args.repeat,
