@@ -14,8 +14,9 @@ from onnxfuse.language.packs import check_unique, load_builtin_rules, load_rules
 from onnxfuse.language.rule import Rule
 from onnxfuse.matcher import Matcher, ModelContext
 from onnxfuse.model_io import load_model, save_model
-from onnxfuse.optimizer import Options, Report, check_model, normalize, optimize
 from onnxfuse.naming import all_graphs
+from onnxfuse.optimizer import Options, Report, check_model, normalize, optimize
+from onnxfuse.targets import Target
 
 
 def sample_model_path() -> Path:
@@ -68,11 +69,13 @@ class Explanation:
     reason: str | None
 
 
-def explain(model: ir.Model, rule: Rule, node_name: str | None = None) -> list[Explanation]:
+def explain(
+    model: ir.Model, rule: Rule, node_name: str | None = None, target: Target | None = None
+) -> list[Explanation]:
     """For each node where ``rule`` could anchor, whether it matches and, if not, why."""
     normalize(model)  # rules see the model as optimize does
     context = ModelContext(model.ir_version or 10, dict(model.opset_imports))
-    matcher = Matcher(rule, context)
+    matcher = Matcher(rule, context, target)
     results = []
     for graph in all_graphs(model):
         for node in graph:

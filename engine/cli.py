@@ -94,7 +94,9 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
         "--no-builtin", action="store_true", help="do not load the built-in rule packs"
     )
     parser.add_argument(
-        "--target", default="cpu", help="execution provider to optimize for (default cpu)"
+        "--target",
+        default="cpu",
+        help="execution provider (a name in targets/ or a capability file; default cpu)",
     )
 
 
@@ -102,12 +104,14 @@ def _run_optimize(args: argparse.Namespace) -> int:
     from onnxfuse import api
     from onnxfuse.optimizer import DEFAULT_MAX_ITERATIONS, Options
     from onnxfuse.report import format_report
+    from onnxfuse.targets import load_target
 
     rules = api.select_rules(args.rules, args.disable, builtin=not args.no_builtin)
     model_path = Path(args.model) if args.model else api.sample_model_path()
     if args.model is None and not args.quiet:
         print(f"No model given: optimizing the bundled sample model {model_path.name}")
     options = Options(
+        target=load_target(args.target),
         max_iterations=args.max_iterations or DEFAULT_MAX_ITERATIONS,
         max_rewrites=args.max_rewrites,
         progress=None if args.quiet else _progress,
@@ -146,13 +150,15 @@ def _write_json(path: str, data: object) -> None:
 def _run_explain(args: argparse.Namespace) -> int:
     from onnxfuse import api
     from onnxfuse.model_io import load_model
+    from onnxfuse.targets import load_target
 
+    target = load_target(args.target)
     rules = api.select_rules(args.rules, builtin=not args.no_builtin)
     chosen = [r for r in rules if r.name == args.rule]
     if not chosen:
         raise OnnxfuseError(f"no rule named '{args.rule}' (see `onnxfuse rules list`)")
     model = load_model(args.model)
-    results = api.explain(model, chosen[0], args.node)
+    results = api.explain(model, chosen[0], args.node, target)
     if not results:
         print(f"{args.rule}: no node in the model can anchor this rule")
         return 0

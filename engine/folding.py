@@ -80,6 +80,8 @@ class Folder:
             return False
         results = self._shape_result(node)
         if results is None:
+            results = self._castlike_result(node)
+        if results is None:
             inputs = self._constant_inputs(node)
             if inputs is None:
                 return False
@@ -126,6 +128,19 @@ class Folder:
         start = min(max(start + rank if start < 0 else start, 0), rank)
         end = min(max(end + rank if end < 0 else end, 0), rank)
         return [np.array(dims[start:end], dtype=np.int64)]
+
+    def _castlike_result(self, node: ir.Node) -> list[np.ndarray] | None:
+        """CastLike needs only the dtype of its second input, not its value."""
+        if node.op_type != "CastLike" or len(node.inputs) != 2 or node.inputs[1] is None:
+            return None
+        tensor = constant_tensor(node.inputs[0], self.context.ir_version)
+        like = node.inputs[1].dtype
+        if tensor is None or like is None or like.numpy() is None:
+            return None
+        try:
+            return [tensor.numpy().astype(like.numpy())]
+        except (TypeError, ValueError):
+            return None
 
     def _evaluate(self, node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
         names = [f"i{k}" if a is not None else "" for k, a in enumerate(inputs)]

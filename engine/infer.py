@@ -29,9 +29,9 @@ def infer_node(node: ir.Node, opset: int) -> None:
         input_types[value.name] = type_proto
     input_data: dict[str, onnx.TensorProto] = {}
     for value in node.inputs:
-        if value is not None and value.name and value.const_value is not None:
-            if value.const_value.size <= 64:
-                input_data[value.name] = ir.serde.serialize_tensor(value.const_value)
+        const = value.const_value if value is not None else None
+        if value is not None and value.name and const is not None and const.size <= 64:
+            input_data[value.name] = ir.serde.serialize_tensor(const)
     try:
         proto = ir.serde.serialize_node(node)
         inferred = onnx.shape_inference.infer_node_outputs(

@@ -20,6 +20,7 @@ from onnxfuse.language import schemas
 from onnxfuse.language.guards import GuardUnknown, ValueRef, constant_tensor
 from onnxfuse.language.pattern import AttrLiteral, AttrRef, Pattern, PatternNode, PatternValue
 from onnxfuse.language.rule import Rule
+from onnxfuse.targets import Target
 
 # Marks an attribute bound by the pattern but absent on the node, without a default.
 ABSENT = type("Absent", (), {"__repr__": lambda self: "<absent>"})()
@@ -76,9 +77,10 @@ class Match:
 class Matcher:
     """Finds matches of one rule; records the first reason a match failed."""
 
-    def __init__(self, rule: Rule, context: ModelContext):
+    def __init__(self, rule: Rule, context: ModelContext, target: Target | None = None):
         self.rule = rule
         self.context = context
+        self.target = target
         self.failure: str | None = None
         # Pattern nodes that accept any further attributes, which the target copies.
         self.open_nodes: dict[int, str] = {}
@@ -316,9 +318,7 @@ class Matcher:
             if name in pnode.attributes:
                 continue
             default = schemas.attribute_default(node.domain, node.op_type, opset, name)
-            if not schemas.has_default(default) or not attribute_equal(
-                _attr_python(attr), default
-            ):
+            if not schemas.has_default(default) or not attribute_equal(_attr_python(attr), default):
                 self._fail(
                     f"{pnode.describe()}: attribute {name}={_show(_attr_python(attr))} "
                     "is not its default and the pattern does not name it"
@@ -353,7 +353,7 @@ class Matcher:
                             f"{consumer.op_type} '{consumer.name}' outside the match"
                         )
                         return None
-        names = self._guard_names(state)
+        names = self._guard_names(source, state)
         for guard in self.rule.guards:
             try:
                 holds = bool(guard.evaluate(names))
@@ -371,6 +371,16 @@ class Matcher:
                 self._fail(f"let {let_name} = '{expression.text}' cannot be computed: {exc}")
                 return None
             names[let_name] = attrs[let_name]
+        if self.target is not None:
+            constants = {
+                name
+                for name, value in state.values.items()
+                if constant_tensor(value, self.context.ir_version) is not None
+            }
+            missing = self.target.unsupported_ops(self.rule, constants, self.context.opsets)
+            if missing:
+                self._fail(f"target '{self.target.name}' cannot run {', '.join(missing)}")
+                return None
         ordered = [state.nodes[p.index] for p in source.nodes]
         copied = {
             self.open_nodes[id(p)]: dict(state.nodes[p.index].attributes)
@@ -379,11 +389,15 @@ class Matcher:
         }
         return Match(self.rule, source, ordered, dict(state.values), attrs, outputs, copied)
 
-    def _guard_names(self, state: _State) -> dict[str, Any]:
+    def _guard_names(self, source: Pattern, state: _State) -> dict[str, Any]:
         names: dict[str, Any] = {
             name: ValueRef(name, value, self.context.ir_version)
             for name, value in state.values.items()
         }
+        for pvalue in source.values.values():
+            if pvalue.kind == "node":
+                bound = self._bound_graph_value(pvalue, state)
+                names[pvalue.name] = ValueRef(pvalue.name, bound, self.context.ir_version)
         for name, value in state.attrs.items():
             names[name] = None if value is ABSENT else value
         return names

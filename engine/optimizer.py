@@ -15,12 +15,11 @@ from onnxfuse.errors import OnnxfuseError
 from onnxfuse.folding import DEFAULT_FOLD_LIMIT_BYTES, FoldContext, Folder
 from onnxfuse.language.rule import Rule
 from onnxfuse.matcher import Match, Matcher, ModelContext
-from onnxfuse.naming import NameSource, all_graphs
+from onnxfuse.naming import NameSource, all_graphs, region_hash
 from onnxfuse.rewrite import Blocked, apply_match
+from onnxfuse.targets import Target
 
 DEFAULT_MAX_ITERATIONS = 10
-# A signature firing this often means rules undo each other.
-_OSCILLATION_REPEATS = 4
 
 
 class InvariantError(OnnxfuseError):
@@ -71,6 +70,7 @@ class Report:
 
 @dataclass
 class Options:
+    target: Target | None = None  # None: no gating (every op allowed)
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     max_rewrites: int | None = None  # default: 10 per node of the input, at least 10,000
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
@@ -100,6 +100,7 @@ def optimize(model: ir.Model, rules: list[Rule], options: Options | None = None)
     started = time.perf_counter()
     report = Report(nodes_before=count_nodes(model), ops_before=op_histogram(model))
     report.rules = {rule.name: RuleStats() for rule in rules}
+    _adopt_ir4_initializers(model)
     interface = _interface(model)
     names = NameSource(model)
     folder = normalize(model, names, options.fold_limit_bytes)
@@ -140,8 +141,13 @@ class _Driver:
             for key in sorted(rule.anchor_keys):
                 self.by_anchor.setdefault(key, []).append(rule)
         self.max_rewrites = options.max_rewrites or max(10_000, 10 * report.nodes_before)
-        self.signatures: Counter[tuple[object, ...]] = Counter()
-        self.history: list[tuple[tuple[object, ...], str]] = []
+        self.signatures: set[tuple[object, ...]] = set()
+        # Deep enough to see a whole source or target pattern below its inputs.
+        self.region_depth = 1 + max(
+            (len(p.nodes) for r in rules for p in (*r.sources, r.target)), default=1
+        )
+        self.states: dict[int, int] = {}  # structural hash -> position in history
+        self.history: list[str] = []
         self.last_progress = time.perf_counter()
 
     def run(self) -> None:
@@ -174,7 +180,9 @@ class _Driver:
 
     def _fixpoint(self, graph: ir.Graph, context: ModelContext) -> bool:
         matchers = {
-            id(rule): Matcher(rule, context) for rules in self.by_anchor.values() for rule in rules
+            id(rule): Matcher(rule, context, self.options.target)
+            for rules in self.by_anchor.values()
+            for rule in rules
         }
         queue: deque[ir.Node] = deque(graph)
         queued = {id(n) for n in queue}
@@ -209,16 +217,24 @@ class _Driver:
         return changed
 
     def _apply(self, match: Match, context: ModelContext) -> list[ir.Node] | None:
+        self.history.append(match.rule.name)
         signature = match.signature()
-        self.signatures[signature] += 1
-        self.history.append((signature, match.rule.name))
-        if self.signatures[signature] >= _OSCILLATION_REPEATS:
-            first = next(i for i, (s, _) in enumerate(self.history) if s == signature)
-            involved = sorted({name for _, name in self.history[first:]})
-            self.report.stopped = (
-                "rules oscillate (they undo each other's rewrites): " + ", ".join(involved)
-            )
-            return None
+        if signature in self.signatures:
+            # The same rule on the same inputs again: progress (a chain shrinking)
+            # or a cycle. A local state seen before, in a graph of the same size,
+            # proves a cycle (a shrinking chain looks the same locally).
+            roots = [v for v in match.values.values() if v is not None]
+            graph = match.nodes[0].graph
+            size = len(graph) if graph is not None else 0
+            state = hash((signature, size, region_hash(roots, self.region_depth)))
+            if state in self.states:
+                involved = sorted(set(self.history[self.states[state] :]))
+                self.report.stopped = (
+                    "rules oscillate (they undo each other's rewrites): " + ", ".join(involved)
+                )
+                return None
+            self.states[state] = len(self.history) - 1
+        self.signatures.add(signature)
         if self.report.rewrites >= self.max_rewrites:
             self.report.stopped = f"rewrite cap reached ({self.max_rewrites})"
             return None
@@ -268,12 +284,23 @@ class _Driver:
             )
 
 
+def _adopt_ir4_initializers(model: ir.Model) -> None:
+    """IR < 4 lists every initializer as a graph input, by convention only: those
+    are constants. Drop them from the inputs and write IR 4, where an initializer
+    that is also an input would be an overridable default instead."""
+    if (model.ir_version or 10) >= 4:
+        return
+    common_passes.RemoveInitializersFromInputsPass()(model)
+    model.ir_version = 4
+
+
 def normalize(
     model: ir.Model,
     names: NameSource | None = None,
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
 ) -> Folder:
     """Constants as initializers, constant subgraphs folded, shapes inferred."""
+    _adopt_ir4_initializers(model)
     common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     _infer_shapes(model)
     folder = Folder(

@@ -108,10 +108,7 @@ def _keep_type(old: ir.Value, new: ir.Value) -> None:
 def _make_attribute(
     domain: str, op_type: str, opset: int, name: str, spec: Any, match: Match
 ) -> ir.Attr | None:
-    if isinstance(spec, AttrLiteral):
-        value = spec.value
-    else:
-        value = match.attrs.get(spec.var, ABSENT)
+    value = spec.value if isinstance(spec, AttrLiteral) else match.attrs.get(spec.var, ABSENT)
     if value is ABSENT or value is None:
         return None  # an unset attribute stays unset, as in ONNX functions
     attr_type = _attribute_type(domain, op_type, opset, name, spec.attr_type)

@@ -79,9 +79,7 @@ def parse_pattern_text(
         ) from None
     node_lines = _node_lines(full, function, offset)
     try:
-        return compile_function(
-            function, role=role, commutative=commutative, node_lines=node_lines
-        )
+        return compile_function(function, role=role, commutative=commutative, node_lines=node_lines)
     except PatternError as exc:
         raise RuleDefinitionError(f"{role}: {exc}", exc.line or first_line) from None
 
@@ -156,8 +154,7 @@ def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
             )
     if len(rule.target.outputs) != len(first.outputs):
         raise RuleDefinitionError(
-            f"target has {len(rule.target.outputs)} output(s), "
-            f"source has {len(first.outputs)}",
+            f"target has {len(rule.target.outputs)} output(s), source has {len(first.outputs)}",
             lines.get("target"),
         )
     source_vars = set(first.input_names())
@@ -196,7 +193,9 @@ def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
                 lines.get("copy_attributes"),
             )
     for source in rule.sources:
-        used = {a.var for n in source.nodes for a in n.attributes.values() if isinstance(a, AttrRef)}
+        used = {
+            a.var for n in source.nodes for a in n.attributes.values() if isinstance(a, AttrRef)
+        }
         for declared in source.attribute_vars:
             if declared not in used:
                 raise RuleDefinitionError(
@@ -216,9 +215,7 @@ def _check_ops(pattern: Pattern, role: str, line: int | None, *, strict_attribut
             continue
         for attr_name in node.attributes:
             if attr_name not in schema.attributes:
-                raise RuleDefinitionError(
-                    f"{role}: {where} has no attribute '{attr_name}'", line
-                )
+                raise RuleDefinitionError(f"{role}: {where} has no attribute '{attr_name}'", line)
         if strict_attributes:
             for attr_name, attr_schema in schema.attributes.items():
                 if attr_schema.required and attr_name not in node.attributes:
@@ -229,9 +226,7 @@ def _check_ops(pattern: Pattern, role: str, line: int | None, *, strict_attribut
                     )
 
 
-def compile_guards(
-    expressions: list[str], known: set[str], line: int | None
-) -> list[Guard]:
+def compile_guards(expressions: list[str], known: set[str], line: int | None) -> list[Guard]:
     guards = []
     for text in expressions:
         try:

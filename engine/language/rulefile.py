@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxfuse.errors import RuleError
+from onnxfuse.language.pattern import Pattern
 from onnxfuse.language.rule import (
     Rule,
     RuleDefinitionError,
@@ -86,31 +87,44 @@ def parse_rule_text(text: str, path: str = "<rules>", pack: str = "") -> list[Ru
 def _parse_rule(entry: Any, line: int, pack: str, path: str) -> Rule:
     if not isinstance(entry, LineMap):
         raise RuleDefinitionError("each rule must be a mapping", line)
+    check_keys(entry)
+    commutative = commutative_set(_string_list(entry, "commutative"), entry.line_of("commutative"))
+    sources = [
+        parse_pattern_text(text, role="source", commutative=commutative, first_line=text_line)
+        for text, text_line in _source_texts(entry)
+    ]
+    if "target" not in entry:
+        raise RuleDefinitionError("rule has no 'target'", line)
+    target = parse_pattern_text(
+        entry["target"],
+        role="target",
+        commutative=commutative,
+        first_line=entry.line_of("target"),
+    )
+    return rule_from_entry(entry, sources, target, pack=pack, origin=f"{path}:{line}")
+
+
+def check_keys(entry: LineMap) -> None:
     for key in entry:
         if key not in RULE_KEYS:
             raise RuleDefinitionError(
                 f"unknown rule key '{key}' (expected one of: {', '.join(RULE_KEYS)})",
                 entry.line_of(str(key)),
             )
+
+
+def rule_from_entry(
+    entry: LineMap, sources: list[Pattern], target: Pattern, *, pack: str, origin: str
+) -> Rule:
+    """Build a rule from its compiled patterns and the other keys of its mapping."""
     lines = {key: entry.line_of(key) for key in RULE_KEYS}
     lines["source"] = entry.line_of("sources" if "sources" in entry else "source")
     name = entry.get("name")
     if name is None:
-        raise RuleDefinitionError("rule has no 'name'", line)
+        raise RuleDefinitionError("rule has no 'name'", entry.line)
 
-    commutative = commutative_set(_string_list(entry, "commutative"), lines["commutative"])
-    source_texts = _source_texts(entry)
-    sources = [
-        parse_pattern_text(text, role="source", commutative=commutative, first_line=text_line)
-        for text, text_line in source_texts
-    ]
-    if "target" not in entry:
-        raise RuleDefinitionError("rule has no 'target'", line)
-    target = parse_pattern_text(
-        entry["target"], role="target", commutative=commutative, first_line=lines["target"]
-    )
-
-    bound = set(sources[0].input_names()) | set(sources[0].attribute_vars)
+    # Guards may name any value every alternative defines, and the attributes.
+    bound = set.intersection(*(set(s.values) for s in sources)) | set(sources[0].attribute_vars)
     lets = _parse_lets(entry, bound, lines["let"])
     where = entry.get("where", [])
     if isinstance(where, str):
@@ -136,7 +150,7 @@ def _parse_rule(entry: Any, line: int, pack: str, path: str) -> Rule:
         verify=_mapping(entry, "verify"),
         copy_attributes=_string_map(entry, "copy_attributes"),
         pack=pack,
-        origin=f"{path}:{line}",
+        origin=origin,
     )
 
 

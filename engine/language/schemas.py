@@ -22,8 +22,7 @@ def onnxruntime_contrib_ops() -> frozenset[tuple[str, str]]:
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
     return frozenset(
-        ("" if d.domain == "ai.onnx" else d.domain, d.op_name)
-        for d in state.get_all_opkernel_def()
+        ("" if d.domain == "ai.onnx" else d.domain, d.op_name) for d in state.get_all_opkernel_def()
     )
 
 

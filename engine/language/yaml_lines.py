@@ -10,10 +10,14 @@ import yaml
 class LineMap(dict):
     """A mapping that knows its own line and the first line of each value's text."""
 
-    line: int = 0
+    line: int | None = None
     value_lines: dict[str, int]
 
-    def line_of(self, key: str) -> int:
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.value_lines = {}
+
+    def line_of(self, key: str) -> int | None:
         return self.value_lines.get(key, self.line)
 
 
@@ -38,7 +42,6 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineMap:
     loader.flatten_mapping(node)
     result = LineMap()
     result.line = node.start_mark.line + 1
-    result.value_lines = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         if not isinstance(key, (str, int, float, bool)) and key is not None:
@@ -74,7 +77,7 @@ class YamlError(Exception):
 def load_yaml(text: str) -> Any:
     """Parse YAML text; raise YamlError with a 1-based line on malformed input."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None

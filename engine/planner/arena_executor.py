@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
+
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.planner.lifetimes import used_values
 from onnxfuse.planner.plan import ListedTensor, Plan, PlannedTensor, tensor_info

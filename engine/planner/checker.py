@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import onnx_ir as ir
+
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.planner.inplace import allows_inplace, inplace_inputs
 from onnxfuse.planner.lifetimes import Lifetimes, compute_lifetimes

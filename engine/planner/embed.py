@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import onnx_ir as ir
+
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.planner.plan import Plan, Step
 

@@ -9,6 +9,7 @@ before writing element i never reads a clobbered value.
 from __future__ import annotations
 
 import onnx_ir as ir
+
 from onnxfuse.planner.baselines import align_up
 from onnxfuse.planner.lifetimes import Lifetime, Lifetimes
 from onnxfuse.planner.strategies import Block

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
+
 from onnxfuse.errors import ModelError
 from onnxfuse.planner.shapes import TensorInfo
 

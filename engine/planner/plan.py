@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
+
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.planner.baselines import naive_bytes, ort_policy_bytes
 from onnxfuse.planner.inplace import find_inplace, make_blocks

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import onnx_ir as ir
+
 from onnxfuse.planner.lifetimes import Lifetimes, used_values
 
 # Scores a ready step from (bytes it allocates, bytes it frees, bytes alive before it).

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
+
 from onnxfuse.errors import ModelError
 
 # Initializers larger than this are passed to shape inference as typed inputs without

@@ -1,0 +1,122 @@
+"""Helpers for tests: build small models, run them in onnxruntime, compare outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+from onnx import helper
+
+# onnx's helpers default to an opset/IR onnxruntime cannot load: always pin them.
+OPSET = 17
+IR_VERSION = 8
+
+# Per-dtype tolerances no looser than torch.testing.assert_close's defaults.
+TOLERANCES = {
+    np.dtype(np.float32): (1.3e-6, 1e-5),
+    np.dtype(np.float16): (1e-3, 1e-5),
+    np.dtype(np.float64): (1e-7, 1e-7),
+}
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+    initializers: Sequence[onnx.TensorProto] = (),
+    opset: int = OPSET,
+    ir_version: int = IR_VERSION,
+    extra_opsets: dict[str, int] | None = None,
+) -> onnx.ModelProto:
+    opsets = [helper.make_opsetid("", opset)]
+    opsets += [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
+    graph = helper.make_graph(list(nodes), "test", list(inputs), list(outputs), list(initializers))
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def to_ir(model: onnx.ModelProto) -> ir.Model:
+    return ir.from_proto(model)
+
+
+def to_proto(model: ir.Model) -> onnx.ModelProto:
+    return ir.serde.serialize_model(model)
+
+
+def run(model: onnx.ModelProto | ir.Model | str | Path, feeds: dict[str, np.ndarray]) -> list:
+    if isinstance(model, ir.Model):
+        model = to_proto(model)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    source = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | None = None):
+    """Random inputs for every graph input that is not an initializer."""
+    rng = np.random.default_rng(seed)
+    initializer_names = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in initializer_names:
+            continue
+        tensor_type = value.type.tensor_type
+        shape = [
+            d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, 2)
+            for d in tensor_type.shape.dim
+        ]
+        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[value.name] = rng.random(shape) > 0.5
+        else:
+            feeds[value.name] = rng.integers(0, 4, shape).astype(dtype)
+    return feeds
+
+
+def assert_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> None:
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        a, e = np.asarray(a), np.asarray(e)
+        assert a.shape == e.shape, f"shape {a.shape} != {e.shape}"
+        rtol, atol = TOLERANCES.get(e.dtype, (0.0, 0.0))
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def op_types(model: onnx.ModelProto | ir.Model) -> list[str]:
+    if isinstance(model, ir.Model):
+        return [n.op_type for n in model.graph]
+    return [n.op_type for n in model.graph.node]
+
+
+def rules_from_text(text: str, path: str = "test.yaml"):
+    from onnxfuse.language.rulefile import parse_rule_text
+
+    return parse_rule_text(text, path)
+
+
+def optimize_proto(model: onnx.ModelProto, rules, **options):
+    """Optimize a copy of ``model``; return (report, optimized proto)."""
+    from onnxfuse.optimizer import Options, check_model, optimize
+
+    ir_model = to_ir(model)
+    report = optimize(ir_model, list(rules), Options(**options))
+    check_model(ir_model)
+    return report, to_proto(ir_model)
+
+
+def assert_same_outputs(original: onnx.ModelProto, optimized: onnx.ModelProto, seed: int = 0):
+    feeds = random_feeds(original, seed)
+    assert_close(run(optimized, feeds), run(original, feeds))
+
+
+def tensor_input(name: str, shape, elem_type: int = onnx.TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem_type, shape)
