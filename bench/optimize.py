@@ -39,6 +39,7 @@ import onnx
 import onnxruntime as ort
 import onnxscript.optimizer
 from onnx import helper
+
 from onnxfuse import api
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

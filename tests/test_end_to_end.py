@@ -27,6 +27,7 @@ import onnxruntime as ort
 import pytest
 from helpers import assert_close, make_model, random_feeds, run
 from onnx import TensorProto, helper, numpy_helper
+
 from onnxfuse import api
 from onnxfuse.optimizer import Report
 

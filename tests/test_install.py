@@ -24,6 +24,7 @@ import onnx
 import pytest
 from conftest import REPO_ROOT
 from helpers import assert_close, random_feeds, run
+
 from onnxfuse import api
 
 pytestmark = pytest.mark.skipif(

@@ -11,6 +11,7 @@ import onnx
 import pytest
 from helpers import random_feeds, run
 from onnx import numpy_helper
+
 from onnxfuse import api, sample_model
 
 SAMPLE = api.sample_model_path()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from onnxfuse.planner import PlanError, check_plan, plan_model, verify_plan
 from planner_graphs import matmul_chain, two_branches
+
+from onnxfuse.planner import PlanError, check_plan, plan_model, verify_plan
 
 
 def _corrupt(plan, name, **changes):

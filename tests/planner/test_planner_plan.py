@@ -6,9 +6,6 @@ import json
 
 import pytest
 from onnx import helper
-from onnxfuse.errors import ModelError
-from onnxfuse.model_io import load_model
-from onnxfuse.planner import Plan, check_plan, plan_model
 from planner_graphs import (
     LIGHT,
     if_model,
@@ -18,6 +15,10 @@ from planner_graphs import (
     two_branches,
     weight,
 )
+
+from onnxfuse.errors import ModelError
+from onnxfuse.model_io import load_model
+from onnxfuse.planner import Plan, check_plan, plan_model
 
 
 @pytest.mark.parametrize("strategy", ["greedy-size", "search"])

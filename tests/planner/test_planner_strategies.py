@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from onnxfuse.planner.strategies import STRATEGIES, Block, greedy_by_size, lower_bound, search
 
 # Greedy by size puts the 64-byte block on top (448); 384 is the peak, so optimal.

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from planner_graphs import LIGHT, if_model, loop_model
+
 from onnxfuse.model_io import load_model
 from onnxfuse.planner import ArenaExecutor, check_plan, plan_model, verify_plan
 from onnxfuse.planner.arena_executor import random_feeds
-from planner_graphs import LIGHT, if_model, loop_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
