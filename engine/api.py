@@ -13,9 +13,9 @@ from onnxfuse.errors import OnnxfuseError
 from onnxfuse.language.packs import check_unique, load_builtin_rules, load_rules
 from onnxfuse.language.rule import Rule
 from onnxfuse.matcher import Matcher, ModelContext
-from onnxfuse.model_io import load_model, save_model
+from onnxfuse.model_io import check_model, load_model, save_model
 from onnxfuse.naming import all_graphs
-from onnxfuse.optimizer import Options, Report, check_model, normalize, optimize
+from onnxfuse.optimizer import Options, Report, normalize, optimize
 from onnxfuse.targets import Target
 
 
@@ -54,8 +54,9 @@ def optimize_file(
         raise OnnxfuseError(f"{output}: refusing to overwrite the input model")
     model = load_model(source)
     report = optimize(model, rules, options)
-    check_model(model)
-    if output is not None:
+    if output is None:
+        check_model(model)
+    else:
         save_model(model, output)
     return report
 
@@ -88,7 +89,7 @@ def explain(
                 Explanation(
                     node=node.name or "<unnamed>",
                     op_type=node.op_type,
-                    graph=graph.name or "main",
+                    graph="" if graph is model.graph else (graph.name or "<subgraph>"),
                     matched=match is not None,
                     reason=None if match is not None else matcher.failure,
                 )

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from onnxfuse.errors import OnnxfuseError
+from onnxfuse.errors import InvariantError, OnnxfuseError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -164,7 +164,7 @@ def _run_explain(args: argparse.Namespace) -> int:
         return 0
     for item in results:
         where = f"{item.op_type} '{item.node}'" + (
-            f" in graph '{item.graph}'" if item.graph != "main" else ""
+            f" in graph '{item.graph}'" if item.graph else ""
         )
         verdict = "matches" if item.matched else f"no match: {item.reason}"
         print(f"{where}: {verdict}")
@@ -188,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
+    except InvariantError as exc:
+        # Not the user's input: a rule or onnxfuse itself produced an invalid model.
+        print(f"onnxfuse: internal error (please report): {exc}", file=sys.stderr)
+        return 1
     except OnnxfuseError as exc:
         print(f"onnxfuse: error: {exc}", file=sys.stderr)
         return 2

@@ -21,3 +21,7 @@ class RuleError(OnnxfuseError):
 
 class ModelError(OnnxfuseError):
     """A model file is missing, unreadable or invalid."""
+
+
+class InvariantError(OnnxfuseError):
+    """The optimized model broke an invariant: a bug in a rule or in onnxfuse."""

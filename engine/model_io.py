@@ -10,7 +10,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from onnxfuse.errors import ModelError
+from onnxfuse.errors import InvariantError, ModelError
 
 # Above this many bytes of initializers a model cannot be one protobuf file.
 _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
@@ -58,11 +58,25 @@ def _attach_external_data_base(model: ir.Model, base_dir: Path) -> None:
                 tensor.base_dir = str(base_dir)
 
 
+def check_model(model: ir.Model) -> None:
+    """The model must pass onnx's full checker (external weights: checked on disk)."""
+    if _needs_external_data(model):
+        with tempfile.TemporaryDirectory(prefix="onnxfuse-check-") as directory:
+            save_model(model, Path(directory) / "model.onnx")
+        return
+    try:
+        onnx.checker.check_model(ir.serde.serialize_model(model), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        message = f"optimized model fails the ONNX checker: {_first_line(exc)}"
+        raise InvariantError(message) from None
+
+
 def save_model(model: ir.Model, path: str | os.PathLike) -> None:
-    """Write ``model`` to ``path`` atomically: a temporary file, then a rename.
+    """Write ``model`` to ``path`` atomically: a temporary file, checked, then renamed.
 
     Models with external weights, or too large for one protobuf, are written
-    with their weights in ``<name>.data`` beside the model.
+    with their weights in ``<name>.data`` beside the model. A model that fails
+    onnx's full checker is not written.
     """
     path = Path(path)
     if path.exists() and path.is_dir():
@@ -77,6 +91,13 @@ def save_model(model: ir.Model, path: str | os.PathLike) -> None:
             ir.save(model, tmp_name, external_data=f"{path.name}.data")
         else:
             ir.save(model, tmp_name)
+        try:
+            # By path: handles external data and models over 2 GB.
+            onnx.checker.check_model(tmp_name, full_check=True)
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+            raise InvariantError(
+                f"optimized model fails the ONNX checker: {_first_line(exc)}"
+            ) from None
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

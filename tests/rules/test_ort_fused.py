@@ -152,3 +152,17 @@ def test_gemm_sigmoid_is_not_a_gemm_relu():
     nodes = [node("Gemm", ["a", "b"], "g"), node("Sigmoid", ["g"], "y")]
     model = build(nodes, {"a": ([3, 5], F32)}, inits={"b": weights(5, 4)})
     does_not_fire(model, "fused-gemm-relu")
+
+
+def test_conv_sum_relu_fuses_residual():
+    nodes = [
+        node("Conv", ["x", "w", "b"], "c", pads=[1, 1, 1, 1]),
+        node("Sum", ["c", "z"], "s"),
+        node("Relu", ["s"], "y"),
+    ]
+    model = build(
+        nodes,
+        {"x": ([1, 3, 6, 6], F32), "z": ([1, 4, 6, 6], F32)},
+        inits={"w": weights(4, 3, 3, 3), "b": weights(4)},
+    )
+    fires(model, "fused-conv-add-relu")

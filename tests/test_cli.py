@@ -1,0 +1,248 @@
+"""The command line: reports, rule files from users, and bad input handled cleanly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_same_outputs, make_model, tensor_input
+from onnx import helper, numpy_helper
+
+from onnxfuse.cli import main
+
+X = [2, 3, 4]
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "onnxfuse", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def assert_clean_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def relu_model(tmp_path: Path) -> Path:
+    nodes = [
+        helper.make_node("Relu", ["x"], ["t"], name="a"),
+        helper.make_node("Relu", ["t"], ["u"], name="b"),
+        helper.make_node("Sigmoid", ["u"], ["y"], name="c"),
+    ]
+    path = tmp_path / "relu.onnx"
+    onnx.save(make_model(nodes, [tensor_input("x", X)], [tensor_input("y", X)]), path)
+    return path
+
+
+USER_RULE = """\
+rules:
+  - name: my-relu-relu
+    description: a user's own rule, no code
+    source: |
+      f (X) => (Y) {
+        T = Relu(X)
+        Y = Relu(T)
+      }
+    target: |
+      f (X) => (Y) {
+        Y = Relu(X)
+      }
+"""
+
+
+def test_a_new_rule_file_fires_without_code(tmp_path, relu_model):
+    rules = tmp_path / "mine.yaml"
+    rules.write_text(USER_RULE)
+    out, report = tmp_path / "out.onnx", tmp_path / "report.json"
+    result = run_cli(
+        "optimize", str(relu_model), "-o", str(out), "--rules", str(rules), "--no-builtin",
+        "--report-json", str(report),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(report.read_text())
+    assert data["rules"]["my-relu-relu"]["applied"] == 1
+    assert {"nodes_before", "nodes_after", "iterations", "seconds", "rules"} <= set(data)
+    assert data["nodes_before"] == 3 and data["nodes_after"] == 2
+    assert "my-relu-relu" in result.stdout
+    assert_same_outputs(onnx.load(relu_model), onnx.load(out))
+
+
+def test_default_run_optimizes_the_bundled_sample(capsys):
+    assert main(["optimize"]) == 0
+    text = capsys.readouterr().out
+    assert "sample_resnet.onnx" in text and "nodes 33 ->" in text
+
+
+def test_rules_list_names_builtin_rules(capsys):
+    assert main(["rules", "list"]) == 0
+    text = capsys.readouterr().out
+    assert "conv-bn-fold" in text and "fused-conv-relu" in text
+
+
+def test_disable_a_rule(tmp_path, relu_model, capsys):
+    rules = tmp_path / "mine.yaml"
+    rules.write_text(USER_RULE)
+    code = main(["optimize", str(relu_model), "--rules", str(rules), "--disable", "my-relu-relu"])
+    assert code == 0
+    assert "my-relu-relu" not in capsys.readouterr().out
+
+
+def test_explain_names_the_failed_constraint(tmp_path, relu_model, capsys):
+    rules = tmp_path / "mine.yaml"
+    rules.write_text(USER_RULE)
+    code = main(
+        [
+            "explain",
+            str(relu_model),
+            "--no-builtin",
+            "--rules",
+            str(rules),
+            "--rule",
+            "my-relu-relu",
+        ]
+    )
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == [
+        "Relu 'a': no match: input 0 of Relu -> Y: 'x' has no producer (expected T)",
+        "Relu 'b': matches",
+    ]
+
+
+def test_input_is_never_modified_and_output_is_atomic(tmp_path, relu_model):
+    before = hashlib.sha256(relu_model.read_bytes()).hexdigest()
+    out = tmp_path / "out.onnx"
+    assert run_cli("optimize", str(relu_model), "-o", str(out)).returncode == 0
+    assert hashlib.sha256(relu_model.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "relu.onnx"]
+
+
+def test_refuses_to_overwrite_the_input(relu_model):
+    before = relu_model.read_bytes()
+    result = run_cli("optimize", str(relu_model), "-o", str(relu_model))
+    assert_clean_error(result, "refusing to overwrite the input")
+    assert relu_model.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "no such file"),
+        (b"", "empty file"),
+        (b"this is not a model", "not a readable ONNX model"),
+    ],
+)
+def test_bad_model_files(tmp_path, content, fragment):
+    path = tmp_path / "bad.onnx"
+    if content is not None:
+        path.write_bytes(content)
+    out = tmp_path / "out.onnx"
+    assert_clean_error(run_cli("optimize", str(path), "-o", str(out)), fragment)
+    assert not out.exists()
+
+
+def test_truncated_model(tmp_path, relu_model):
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(relu_model.read_bytes()[:40])
+    assert_clean_error(run_cli("optimize", str(path)), "truncated.onnx")
+
+
+def test_model_failing_the_checker(tmp_path):
+    node = helper.make_node("Relu", ["missing"], ["y"], name="r")
+    graph = helper.make_graph([node], "g", [tensor_input("x", X)], [tensor_input("y", X)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "invalid.onnx"
+    onnx.save(model, path)
+    assert_clean_error(run_cli("optimize", str(path)), "fails the ONNX checker")
+
+
+RULE_ERRORS = [
+    ("rules: [\n  - name: x\n    source: |\n  bad: [", "mine.yaml:", "malformed YAML"),
+    (USER_RULE.replace("Relu(T)", "Frobnicate(T)"), "mine.yaml:", "unknown op 'Frobnicate'"),
+    # The parser notices the missing ")" at the closing brace, line 8.
+    (USER_RULE.replace("Y = Relu(T)", "Y = Relu(T,"), "mine.yaml:8", "syntax error"),
+    (USER_RULE + "    where: __import__('os')\n", "mine.yaml:13", "unknown function '__import__'"),
+    (USER_RULE + "    where: X.__class__\n", "mine.yaml:13", "Attribute is not allowed"),
+    (USER_RULE + "    where: '(lambda: 1)()'\n", "mine.yaml:13", "unknown function 'lambda"),
+    (USER_RULE + "    where: '[x for x in (1,)]'\n", "mine.yaml:13", "is not allowed"),
+    (USER_RULE + "    where: rank(Q) == 2\n", "mine.yaml:13", "unknown name 'Q'"),
+    (USER_RULE.replace("description:", "descripton:"), "mine.yaml:3", "unknown rule key"),
+    (USER_RULE.replace("    target: |", "    targets: |"), "mine.yaml:", "unknown rule key"),
+    (USER_RULE + USER_RULE.replace("rules:\n", ""), "mine.yaml:", "defined twice"),
+    ("rules: []\n", "mine.yaml:1", "non-empty list"),
+]
+
+
+@pytest.mark.parametrize(("text", "where", "what"), RULE_ERRORS)
+def test_bad_rule_files_name_file_and_line(tmp_path, relu_model, text, where, what):
+    rules = tmp_path / "mine.yaml"
+    rules.write_text(text)
+    result = run_cli("optimize", str(relu_model), "--rules", str(rules))
+    assert_clean_error(result, where, what)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["optimize", "--max-iterations", "zero"],
+        ["optimize", "--bogus"],
+        ["explain"],
+        ["nonsense"],
+        ["optimize", "--target", "no-such-target"],
+        ["optimize", "--disable", "no-such-rule"],
+        ["explain", "x.onnx", "--rule", "no-such-rule"],
+    ],
+)
+def test_bad_arguments(args):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_external_data_is_preserved(tmp_path):
+    weight = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "w"
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Identity", ["m"], ["y"], name="id"),
+    ]
+    model = make_model(nodes, [tensor_input("x", [2, 64])], [tensor_input("y", [2, 64])], [weight])
+    source = tmp_path / "src" / "model.onnx"
+    source.parent.mkdir()
+    onnx.save(model, source, save_as_external_data=True, location="model.data", size_threshold=0)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    result = run_cli("optimize", str(source), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx", "model.onnx.data"]
+    optimized = onnx.load(out, load_external_data=False)
+    assert all(
+        init.data_location == onnx.TensorProto.EXTERNAL for init in optimized.graph.initializer
+    )
+    assert_same_outputs(onnx.load(source), onnx.load(out))
+
+
+def test_progress_and_errors_do_not_leave_temporary_files(tmp_path, relu_model):
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(relu_model), "-o", str(out), "-q"]) == 0
+    leftovers = [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    assert leftovers == []
