@@ -178,7 +178,8 @@ def _run_rules_list(args: argparse.Namespace) -> int:
     width = max((len(r.name) for r in rules), default=4)
     print(f"{'rule':<{width}}  {'pack':<10} benefit  description")
     for rule in rules:
-        print(f"{rule.name:<{width}}  {rule.pack:<10} {rule.benefit:>7}  {rule.description}")
+        summary = " ".join(rule.description.split())
+        print(f"{rule.name:<{width}}  {rule.pack:<10} {rule.benefit:>7}  {summary}")
     print(f"{len(rules)} rules")
     return 0
 
