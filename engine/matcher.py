@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxfuse.language import schemas
-from onnxfuse.language.guards import GuardUnknown, ValueRef, constant_tensor
+from onnxfuse.language.guards import Guard, GuardUnknown, ValueRef, constant_tensor
 from onnxfuse.language.pattern import AttrLiteral, AttrRef, Pattern, PatternNode, PatternValue
 from onnxfuse.language.rule import Rule
 from onnxfuse.targets import Target
@@ -252,7 +252,12 @@ class Matcher:
             return
         if pvalue.kind == "constant":
             if self._constant_matches(pvalue, gvalue, where):
-                yield state
+                if pvalue.name in state.values:
+                    yield state
+                else:
+                    bound = state.copy()
+                    bound.values[pvalue.name] = gvalue  # guards may inspect it
+                    yield bound
             return
         producer = gvalue.producer()
         if producer is None:
@@ -353,7 +358,7 @@ class Matcher:
                             f"{consumer.op_type} '{consumer.name}' outside the match"
                         )
                         return None
-        names = self._guard_names(source, state)
+        names = _Names(self._guard_names(source, state), self.rule.lets)
         for guard in self.rule.guards:
             try:
                 holds = bool(guard.evaluate(names))
@@ -364,13 +369,12 @@ class Matcher:
                 self._fail(f"guard '{guard.text}' is false")
                 return None
         attrs = dict(state.attrs)
-        for let_name, expression in self.rule.lets.items():
+        for let_name in self.rule.lets:
             try:
-                attrs[let_name] = expression.evaluate(names)
+                attrs[let_name] = names[let_name]
             except GuardUnknown as exc:
-                self._fail(f"let {let_name} = '{expression.text}' cannot be computed: {exc}")
+                self._fail(f"let {let_name} cannot be computed: {exc}")
                 return None
-            names[let_name] = attrs[let_name]
         if self.target is not None:
             constants = {
                 name
@@ -401,6 +405,19 @@ class Matcher:
         for name, value in state.attrs.items():
             names[name] = None if value is ABSENT else value
         return names
+
+
+class _Names(dict):
+    """Guard names; `let` values are computed on first use, so guards may use them."""
+
+    def __init__(self, bound: dict[str, Any], lets: dict[str, Guard]):
+        super().__init__(bound)
+        self.lets = lets
+
+    def __missing__(self, name: str) -> Any:
+        expression = self.lets[name]
+        self[name] = value = expression.evaluate(self)
+        return value
 
 
 def _node_attribute(node: ir.Node, name: str, opset: int) -> Any:

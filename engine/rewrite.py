@@ -33,6 +33,7 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
 
     created: list[ir.Node] = []
     base = anchor.name or match.rule.name
+    _check_absent_inputs(match, env, context)
     for pnode in target.nodes:
         inputs = [None if pv is None else env[pv.name] for pv in pnode.inputs]
         opset = context.opset(pnode.domain)
@@ -75,6 +76,21 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
         old.replace_all_uses_with(new, replace_graph_outputs=True)
     graph.remove(match.nodes, safe=True)
     return created
+
+
+def _check_absent_inputs(
+    match: Match, env: dict[str, ir.Value | None], context: ModelContext
+) -> None:
+    """An absent optional variable may only feed inputs the target op lets be absent."""
+    for pnode in match.rule.target.nodes:
+        for index, pvalue in enumerate(pnode.inputs):
+            if pvalue is None or pvalue.kind != "input" or env.get(pvalue.name) is not None:
+                continue
+            opset = context.opset(pnode.domain)
+            if not schemas.input_is_optional(pnode.domain, pnode.op_type, opset, index):
+                raise Blocked(
+                    f"'{pvalue.name}' is absent but {pnode.op_type} input {index} is required"
+                )
 
 
 def _check_outputs(match: Match, env: dict[str, ir.Value | None]) -> None:

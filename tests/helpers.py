@@ -74,11 +74,12 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | N
         ]
         dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         if np.issubdtype(dtype, np.floating):
-            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+            array = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
-            feeds[value.name] = rng.random(shape) > 0.5
+            array = rng.random(shape) > 0.5
         else:
-            feeds[value.name] = rng.integers(0, 4, shape).astype(dtype)
+            array = rng.integers(0, 4, shape).astype(dtype)
+        feeds[value.name] = np.asarray(array)
     return feeds
 
 

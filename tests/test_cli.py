@@ -181,7 +181,7 @@ RULE_ERRORS = [
     (USER_RULE + "    where: __import__('os')\n", "mine.yaml:13", "unknown function '__import__'"),
     (USER_RULE + "    where: X.__class__\n", "mine.yaml:13", "Attribute is not allowed"),
     (USER_RULE + "    where: '(lambda: 1)()'\n", "mine.yaml:13", "unknown function 'lambda"),
-    (USER_RULE + "    where: '[x for x in (1,)]'\n", "mine.yaml:13", "is not allowed"),
+    (USER_RULE + "    where: '{1: 2}'\n", "mine.yaml:13", "Dict is not allowed"),
     (USER_RULE + "    where: rank(Q) == 2\n", "mine.yaml:13", "unknown name 'Q'"),
     (USER_RULE.replace("description:", "descripton:"), "mine.yaml:3", "unknown rule key"),
     (USER_RULE.replace("    target: |", "    targets: |"), "mine.yaml:", "unknown rule key"),

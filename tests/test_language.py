@@ -895,3 +895,139 @@ def test_python_onnxscript_rules_compile_to_the_same_ir():
     report, result = optimize_proto(model, [rule])
     assert report.rules["py-relu-relu"].applied == 2
     assert_same_outputs(model, result)
+
+
+LEGACY_ATTRIBUTES = """
+rules:
+  - name: unsqueeze-squeeze-legacy
+    opset: {"": [11, 12]}
+    source: |
+      f (X) => (Y) {
+        T = Unsqueeze<axes = [0]>(X)
+        Y = Squeeze<axes = [0]>(T)
+      }
+    target: |
+      f (X) => (X) {
+      }
+"""
+
+
+def test_attributes_are_checked_against_the_rule_opset_range():
+    nodes = [
+        helper.make_node("Unsqueeze", ["x"], ["t"], axes=[0], name="u"),
+        helper.make_node("Squeeze", ["t"], ["s"], axes=[0], name="s"),
+        helper.make_node("Relu", ["s"], ["y"], name="r"),
+    ]
+    model = make_model(nodes, [tensor_input("x", X4)], [tensor_input("y", X4)], opset=11)
+    report, result = optimize_proto(model, rules_from_text(LEGACY_ATTRIBUTES))
+    assert fired(report, "unsqueeze-squeeze-legacy") == 1
+    assert_same_outputs(model, result)
+
+
+def test_attribute_unknown_in_the_whole_range_is_an_error():
+    from onnxfuse.errors import RuleError
+
+    text = LEGACY_ATTRIBUTES.replace('{"": [11, 12]}', '{"": 13}')
+    with pytest.raises(RuleError, match="no attribute 'axes' in the rule's opset range"):
+        rules_from_text(text)
+
+
+LET_IN_WHERE = """
+rules:
+  - name: transpose-pair
+    source: |
+      f <p, q> (X) => (Y) {
+        T = Transpose<perm: ints = @p>(X)
+        Y = Transpose<perm: ints = @q>(T)
+      }
+    let:
+      composed: "[p[i] for i in q]"
+    where: composed != list(range(len(composed)))
+    target: |
+      f <composed> (X) => (Y) {
+        Y = Transpose<perm: ints = @composed>(X)
+      }
+"""
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "expected"),
+    [([1, 0, 2, 3], [0, 2, 1, 3], 1), ([1, 0, 2, 3], [1, 0, 2, 3], 0)],
+)
+def test_let_values_usable_in_where_and_comprehensions(first, second, expected):
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=first, name="t1"),
+        helper.make_node("Transpose", ["t"], ["y"], perm=second, name="t2"),
+    ]
+    out_shape = [X4[first[i]] for i in second]
+    model = make_model(nodes, [tensor_input("x", X4)], [tensor_input("y", out_shape)])
+    report, result = optimize_proto(model, rules_from_text(LET_IN_WHERE))
+    assert fired(report, "transpose-pair") == expected
+    assert_same_outputs(model, result)
+
+
+CAST_NOOP = """
+rules:
+  - name: cast-noop
+    source: |
+      f <to> (X) => (Y) {
+        Y = Cast<to: int = @to>(X)
+      }
+    where: dtype_name(to) == dtype(X)
+    target: |
+      f (X) => (Y) {
+        Y = Identity(X)
+      }
+"""
+
+
+@pytest.mark.parametrize(("to", "expected"), [(TensorProto.FLOAT, 1), (TensorProto.DOUBLE, 0)])
+def test_dtype_name_of_an_element_type_number(to, expected):
+    nodes = [
+        helper.make_node("Cast", ["x"], ["c"], to=to, name="c"),
+        helper.make_node("Abs", ["c"], ["y"], name="a"),
+    ]
+    elem = TensorProto.FLOAT if to == TensorProto.FLOAT else TensorProto.DOUBLE
+    model = make_model(nodes, [tensor_input("x", X4)], [tensor_input("y", X4, elem)])
+    report, _ = optimize_proto(model, rules_from_text(CAST_NOOP))
+    assert fired(report, "cast-noop") == expected
+
+
+FINITE = ADD_ZERO.replace(
+    "    where: broadcastable(X, Y) and shape(X) == shape(Y)\n",
+    "    where: all_finite(z)\n",
+).replace("Y = Add(X, z)", "Y = Add(X, z)")
+
+
+def test_all_finite_guard():
+    assert fired(optimize_proto(_add_model("x", "c", 0.0), rules_from_text(FINITE))[0], "add-zero")
+
+
+ABSENT_INTO_REQUIRED = """
+rules:
+  - name: negate-bias
+    optional: [B]
+    copy_attributes: {C: Y}
+    source: |
+      f (X, W, B) => (Y) {
+        C = Conv(X, W, B)
+      }
+    target: |
+      f (X, W, B) => (Y) {
+        B2 = Neg(B)
+        N = Neg(B2)
+        Y = Conv(X, W, N)
+      }
+"""
+
+
+def test_absent_optional_variable_cannot_feed_a_required_input():
+    text = ABSENT_INTO_REQUIRED.replace(
+        "        C = Conv(X, W, B)\n", "        Y = Conv(X, W, B)\n"
+    )
+    text = text.replace("copy_attributes: {C: Y}", "copy_attributes: {Y: Y}")
+    report, result = optimize_proto(_conv_model(False), rules_from_text(text))
+    assert report.rules["negate-bias"].matched >= 1
+    assert report.rules["negate-bias"].applied == 0
+    report, result = optimize_proto(_conv_model(True), rules_from_text(text), max_rewrites=1)
+    assert report.rules["negate-bias"].applied == 1

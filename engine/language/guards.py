@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -146,6 +147,41 @@ def _all_equal(ref: Any, target: Any) -> bool:
     return bool(np.all(tensor.numpy() == target))
 
 
+def _all_finite(ref: Any) -> bool:
+    value = _need(ref, "all_finite")
+    tensor = constant_tensor(value, ref.ir_version)
+    if tensor is None:
+        raise GuardUnknown(f"all_finite({ref.name}): not a constant")
+    array = tensor.numpy()
+    if array.dtype.kind not in "fc" and str(array.dtype) != "bfloat16":
+        return True
+    return bool(np.all(np.isfinite(array.astype(np.float64))))
+
+
+def _dtype_name_of(code: Any) -> str:
+    """The name dtype() would give for an ONNX element type number (Cast's `to`)."""
+    try:
+        return _dtype_name(ir.DataType(int(code)))
+    except (TypeError, ValueError):
+        raise GuardUnknown(f"dtype_name({code!r}): not an ONNX element type") from None
+
+
+def _checked_zip(*sequences: Any) -> tuple[tuple[Any, ...], ...]:
+    return tuple(zip(*(_bounded(s) for s in sequences)))
+
+
+def _checked_enumerate(sequence: Any) -> tuple[tuple[int, Any], ...]:
+    return tuple(enumerate(_bounded(sequence)))
+
+
+def _bounded(sequence: Any) -> tuple[Any, ...]:
+    if not isinstance(sequence, (list, tuple, str, range)):
+        raise GuardUnknown(f"expected a sequence, got {type(sequence).__name__}")
+    if len(sequence) > _MAX_SEQUENCE:
+        raise GuardUnknown("sequence too long")
+    return tuple(sequence)
+
+
 def _checked_range(*args: int) -> tuple[int, ...]:
     result = range(*args)
     if len(result) > _MAX_SEQUENCE:
@@ -174,6 +210,11 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {
     "is_constant": (_is_constant, 1, 1),
     "value": (_value, 1, 1),
     "all_equal": (_all_equal, 2, 2),
+    "all_finite": (_all_finite, 1, 1),
+    "dtype_name": (_dtype_name_of, 1, 1),
+    "zip": (_checked_zip, 1, 4),
+    "enumerate": (_checked_enumerate, 1, 1),
+    "reversed": (lambda s: tuple(reversed(_bounded(s))), 1, 1),
     "present": (_present, 1, 1),
     "consumers": (_consumers, 1, 1),
     "is_graph_input": (_is_graph_input, 1, 1),
@@ -238,6 +279,10 @@ _ALLOWED_NODES = (
     ast.Subscript,
     ast.Slice,
     ast.IfExp,
+    ast.ListComp,
+    ast.GeneratorExp,
+    ast.comprehension,
+    ast.Store,
     *_BINARY,
     *_UNARY,
     *_COMPARE,
@@ -263,7 +308,19 @@ def parse_guard(text: str, known_names: set[str]) -> Guard:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise GuardSyntaxError(f"invalid expression {text!r}: {exc.msg}") from None
+    # Names bound by comprehensions (`[a + b for a, b in zip(p, q)]`) are local.
+    local_names = {
+        n.id
+        for c in ast.walk(tree)
+        if isinstance(c, ast.comprehension)
+        for n in ast.walk(c.target)
+        if isinstance(n, ast.Name)
+    }
     for node in ast.walk(tree):
+        if isinstance(node, ast.comprehension) and (
+            node.is_async or not _simple_target(node.target)
+        ):
+            raise GuardSyntaxError(f"only `for name in ...` comprehensions are allowed ({text!r})")
         if not isinstance(node, _ALLOWED_NODES):
             raise GuardSyntaxError(
                 f"{type(node).__name__} is not allowed in a guard expression ({text!r})"
@@ -271,13 +328,19 @@ def parse_guard(text: str, known_names: set[str]) -> Guard:
         if isinstance(node, ast.Call):
             _check_call(node, text)
         elif isinstance(node, ast.Name) and not _is_call_target(node, tree):
-            if node.id not in known_names and node.id not in CONSTANTS:
+            if node.id not in known_names | local_names and node.id not in CONSTANTS:
                 raise GuardSyntaxError(f"unknown name '{node.id}' in guard {text!r}")
         elif isinstance(node, ast.Constant) and not isinstance(
             node.value, (int, float, str, bool, type(None))
         ):
             raise GuardSyntaxError(f"literal {node.value!r} is not allowed in a guard")
     return Guard(text=text.strip(), tree=tree)
+
+
+def _simple_target(target: ast.AST) -> bool:
+    if isinstance(target, ast.Name):
+        return True
+    return isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts)
 
 
 def _is_call_target(name: ast.Name, tree: ast.AST) -> bool:
@@ -371,6 +434,52 @@ class _Evaluator:
 
     def visit_IfExp(self, node: ast.IfExp) -> Any:
         return self.visit(node.body) if self.visit(node.test) else self.visit(node.orelse)
+
+    def visit_ListComp(self, node: ast.ListComp) -> Any:
+        return list(self._comprehend(node.elt, node.generators))
+
+    def visit_GeneratorExp(self, node: ast.GeneratorExp) -> Any:
+        return tuple(self._comprehend(node.elt, node.generators))
+
+    def _comprehend(self, element: ast.AST, generators: list[ast.comprehension]) -> list[Any]:
+        results: list[Any] = []
+        outer = self.names
+
+        def loop(index: int, scope: Mapping[str, Any]) -> None:
+            if index == len(generators):
+                self.names = scope
+                results.append(self.visit(element))
+                if len(results) > _MAX_SEQUENCE:
+                    raise GuardUnknown("comprehension too long")
+                return
+            generator = generators[index]
+            self.names = scope
+            for item in _bounded(self.visit(generator.iter)):
+                local: dict[str, Any] = {}
+                _assign(generator.target, item, local)
+                inner = ChainMap(local, scope)
+                self.names = inner
+                if all(self.visit(condition) for condition in generator.ifs):
+                    loop(index + 1, inner)
+
+        try:
+            loop(0, outer)
+        finally:
+            self.names = outer
+        return results
+
+
+def _assign(target: ast.AST, item: Any, scope: dict[str, Any]) -> None:
+    if isinstance(target, ast.Name):
+        scope[target.id] = item
+        return
+    assert isinstance(target, ast.Tuple)
+    values = _bounded(item)
+    if len(values) != len(target.elts):
+        raise GuardUnknown("cannot unpack in comprehension")
+    for element, value in zip(target.elts, values):
+        assert isinstance(element, ast.Name)
+        scope[element.id] = value
 
 
 def _is_sequence_repeat(left: Any, right: Any) -> bool:

@@ -128,9 +128,10 @@ def build_rule(
         )
     rule = Rule(name=name, sources=sources, target=target, **metadata)
     _check_signatures(rule, lines)
+    opset = rule.opset.get("", (None, None))
     for source in rule.sources:
-        _check_ops(source, "source", lines.get("source"), strict_attributes=True)
-    _check_ops(rule.target, "target", lines.get("target"), strict_attributes=False)
+        _check_ops(source, "source", lines.get("source"), opset, strict_attributes=True)
+    _check_ops(rule.target, "target", lines.get("target"), opset, strict_attributes=False)
     return rule
 
 
@@ -204,24 +205,40 @@ def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
                 )
 
 
-def _check_ops(pattern: Pattern, role: str, line: int | None, *, strict_attributes: bool) -> None:
+def _check_ops(
+    pattern: Pattern,
+    role: str,
+    line: int | None,
+    opset: tuple[int | None, int | None],
+    *,
+    strict_attributes: bool,
+) -> None:
+    """Ops must exist; attributes must exist in a schema version the rule can meet."""
     for node in pattern.nodes:
         known = schemas.known_op(node.domain, node.op_type)
         where = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
         if known is False:
             raise RuleDefinitionError(f"{role}: unknown op '{where}'", line)
-        schema = schemas.latest_schema(node.domain, node.op_type)
-        if schema is None:
+        low, high = opset if node.domain == "" else (None, None)
+        versions = schemas.schemas_in_range(node.domain, node.op_type, low, high)
+        if not versions:
+            if node.domain in schemas.ONNX_DOMAINS:
+                raise RuleDefinitionError(
+                    f"{role}: {where} does not exist in the rule's opset range", line
+                )
             continue
         for attr_name in node.attributes:
-            if attr_name not in schema.attributes:
-                raise RuleDefinitionError(f"{role}: {where} has no attribute '{attr_name}'", line)
+            if not any(attr_name in v.attributes for v in versions):
+                raise RuleDefinitionError(
+                    f"{role}: {where} has no attribute '{attr_name}' in the rule's opset range",
+                    line,
+                )
         if strict_attributes:
-            for attr_name, attr_schema in schema.attributes.items():
+            for attr_name, attr_schema in versions[-1].attributes.items():
                 if attr_schema.required and attr_name not in node.attributes:
                     raise RuleDefinitionError(
                         f"{role}: {where} must name its required attribute '{attr_name}' "
-                        f"(bind it with <{attr_name} = @{attr_name}>... or give a value)",
+                        f"(bind it, e.g. <{attr_name}: TYPE = @{attr_name}>, or give a value)",
                         line,
                     )
 

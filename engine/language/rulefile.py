@@ -131,7 +131,7 @@ def rule_from_entry(
         where = [where]
     if not isinstance(where, list):
         raise RuleDefinitionError("'where' must be an expression or a list of them", lines["where"])
-    guards = compile_guards(where, bound, lines["where"])
+    guards = compile_guards(where, bound | set(lets), lines["where"])
 
     return build_rule(
         name=name,

@@ -62,10 +62,37 @@ def has_default(value: Any) -> bool:
 
 
 @functools.cache
-def latest_schema(domain: str, op_type: str) -> onnx.defs.OpSchema | None:
-    if domain not in ONNX_DOMAINS:
-        return None
-    try:
-        return onnx.defs.get_schema(op_type, domain)
-    except onnx.defs.SchemaError:
-        return None
+def _history() -> dict[tuple[str, str], list[onnx.defs.OpSchema]]:
+    versions: dict[tuple[str, str], list[onnx.defs.OpSchema]] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        versions.setdefault((schema.domain, schema.name), []).append(schema)
+    for schemas in versions.values():
+        schemas.sort(key=lambda s: s.since_version)
+    return versions
+
+
+def schemas_in_range(
+    domain: str, op_type: str, low: int | None, high: int | None
+) -> list[onnx.defs.OpSchema]:
+    """Every version of an op's schema in force somewhere in opsets [low, high]."""
+    versions = _history().get((domain, op_type), [])
+    chosen = []
+    for index, schema in enumerate(versions):
+        ends = versions[index + 1].since_version - 1 if index + 1 < len(versions) else None
+        if high is not None and schema.since_version > high:
+            continue
+        if low is not None and ends is not None and ends < low:
+            continue
+        chosen.append(schema)
+    return chosen
+
+
+def input_is_optional(domain: str, op_type: str, opset: int, index: int) -> bool:
+    """Whether input ``index`` may be left absent (unknown ops: assumed optional)."""
+    schema = get_schema(domain, op_type, opset)
+    if schema is None or not schema.inputs:
+        return True
+    formal = schema.inputs[min(index, len(schema.inputs) - 1)]
+    if index >= len(schema.inputs) and formal.option != formal.option.Variadic:
+        return True
+    return formal.option == formal.option.Optional
