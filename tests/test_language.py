@@ -1007,10 +1007,10 @@ ABSENT_INTO_REQUIRED = """
 rules:
   - name: negate-bias
     optional: [B]
-    copy_attributes: {C: Y}
+    copy_attributes: {Y: Y}
     source: |
       f (X, W, B) => (Y) {
-        C = Conv(X, W, B)
+        Y = Conv(X, W, B)
       }
     target: |
       f (X, W, B) => (Y) {
