@@ -1022,12 +1022,9 @@ rules:
 
 
 def test_absent_optional_variable_cannot_feed_a_required_input():
-    text = ABSENT_INTO_REQUIRED.replace(
-        "        C = Conv(X, W, B)\n", "        Y = Conv(X, W, B)\n"
-    )
-    text = text.replace("copy_attributes: {C: Y}", "copy_attributes: {Y: Y}")
-    report, result = optimize_proto(_conv_model(False), rules_from_text(text))
+    rules = rules_from_text(ABSENT_INTO_REQUIRED)
+    report, _ = optimize_proto(_conv_model(False), rules)
     assert report.rules["negate-bias"].matched >= 1
     assert report.rules["negate-bias"].applied == 0
-    report, result = optimize_proto(_conv_model(True), rules_from_text(text), max_rewrites=1)
+    report, _ = optimize_proto(_conv_model(True), rules, max_rewrites=1)
     assert report.rules["negate-bias"].applied == 1
