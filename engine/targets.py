@@ -84,7 +84,8 @@ def load_target(name_or_path: str) -> Target:
             known = ", ".join(builtin_target_names())
             raise OnnxfuseError(f"unknown target '{name_or_path}' (known: {known})")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
     except (OSError, yaml.YAMLError) as exc:
         raise OnnxfuseError(f"{path}: cannot read target file: {exc}") from None
     if not isinstance(data, dict) or "name" not in data:

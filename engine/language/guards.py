@@ -316,6 +316,7 @@ def parse_guard(text: str, known_names: set[str]) -> Guard:
         for n in ast.walk(c.target)
         if isinstance(n, ast.Name)
     }
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         if isinstance(node, ast.comprehension) and (
             node.is_async or not _simple_target(node.target)
@@ -327,7 +328,7 @@ def parse_guard(text: str, known_names: set[str]) -> Guard:
             )
         if isinstance(node, ast.Call):
             _check_call(node, text)
-        elif isinstance(node, ast.Name) and not _is_call_target(node, tree):
+        elif isinstance(node, ast.Name) and id(node) not in called:
             if node.id not in known_names | local_names and node.id not in CONSTANTS:
                 raise GuardSyntaxError(f"unknown name '{node.id}' in guard {text!r}")
         elif isinstance(node, ast.Constant) and not isinstance(
@@ -341,10 +342,6 @@ def _simple_target(target: ast.AST) -> bool:
     if isinstance(target, ast.Name):
         return True
     return isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts)
-
-
-def _is_call_target(name: ast.Name, tree: ast.AST) -> bool:
-    return any(isinstance(n, ast.Call) and n.func is name for n in ast.walk(tree))
 
 
 def _check_call(node: ast.Call, text: str) -> None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from onnxfuse.errors import OnnxfuseError
-from onnxfuse.model_io import load_model, save_model
-from onnxfuse.planner.arena_executor import verify_plan
-from onnxfuse.planner.checker import check_plan
-from onnxfuse.planner.embed import embed_plan
-from onnxfuse.planner.plan import Plan, plan_model
 from onnxfuse.planner.strategies import STRATEGIES
+
+if TYPE_CHECKING:
+    from onnxfuse.planner.plan import Plan
 
 
 def add_plan_command(subparsers: argparse._SubParsersAction) -> None:
@@ -58,6 +57,13 @@ def parse_dims(items: list[str]) -> dict[str, int]:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    # Imported here: onnxruntime is slow to import and other commands do not need it.
+    from onnxfuse.model_io import load_model, save_model
+    from onnxfuse.planner.arena_executor import verify_plan
+    from onnxfuse.planner.checker import check_plan
+    from onnxfuse.planner.embed import embed_plan
+    from onnxfuse.planner.plan import plan_model
+
     dims = parse_dims(args.dim)
     model = load_model(args.model)
     plan = plan_model(
