@@ -82,6 +82,7 @@ class Matcher:
         self.context = context
         self.target = target
         self.failure: str | None = None
+        self._progress = self._failure_progress = 0
         # Pattern nodes that accept any further attributes, which the target copies.
         self.open_nodes: dict[int, str] = {}
         for source_name, target_name in rule.copy_attributes.items():
@@ -91,8 +92,13 @@ class Matcher:
                 self.open_nodes[id(producer)] = target_name
 
     def _fail(self, reason: str) -> None:
-        if self.failure is None:
+        # Keep the failure that got furthest into the pattern: the informative one.
+        if self.failure is None or self._progress > self._failure_progress:
             self.failure = reason
+            self._failure_progress = self._progress
+
+    def _advance(self, state: _State) -> None:
+        self._progress = 100 * len(state.nodes) + len(state.values)
 
     def opset_allows(self) -> bool:
         for domain, (low, high) in self.rule.opset.items():
@@ -110,6 +116,7 @@ class Matcher:
 
     def match(self, node: ir.Node) -> Match | None:
         self.failure = None
+        self._progress = self._failure_progress = 0
         if not self.opset_allows():
             return None
         for source in self.rule.sources:
@@ -159,6 +166,7 @@ class Matcher:
     def _match_node(
         self, pnode: PatternNode, node: ir.Node, state: _State, graph: Any
     ) -> Iterator[_State]:
+        self._advance(state)
         if (node.domain, node.op_type) != pnode.key:
             self._fail(f"expected {pnode.describe()}, found {node.op_type} '{node.name}'")
             return
@@ -227,6 +235,7 @@ class Matcher:
         graph: Any,
     ) -> Iterator[_State]:
         where = f"input {position} of {pnode.describe()}"
+        self._advance(state)
         if pvalue is None:
             if gvalue is None:
                 yield state
@@ -334,6 +343,7 @@ class Matcher:
     # -- whole-match checks ----------------------------------------------------
 
     def _accept(self, source: Pattern, state: _State) -> Match | None:
+        self._progress = 1_000_000  # whole-match checks come after any structural failure
         outputs: list[ir.Value] = []
         for pvalue in source.outputs:
             value = self._bound_graph_value(pvalue, state)
