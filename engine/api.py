@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import onnx_ir as ir
 
-from onnxfuse.errors import OnnxfuseError
+from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
 from onnxfuse.language.packs import check_unique, load_builtin_rules, load_rules
 from onnxfuse.language.rule import Rule
 from onnxfuse.matcher import Matcher, ModelContext
@@ -54,11 +55,33 @@ def optimize_file(
         raise OnnxfuseError(f"{output}: refusing to overwrite the input model")
     model = load_model(source)
     report = optimize(model, rules, options)
-    if output is None:
-        check_model(model)
-    else:
-        save_model(model, output)
+    try:
+        if output is None:
+            check_model(model)
+        else:
+            save_model(model, output)
+    except InvariantError as exc:
+        output_name = _declared_output_conflict(model, str(exc))
+        if output_name is not None:
+            raise ModelError(
+                f"{source}: graph output '{output_name}' is declared with a shape the graph "
+                f"does not compute (folding made it visible): {exc}"
+            ) from None
+        raise
     return report
+
+
+def _declared_output_conflict(model: ir.Model, message: str) -> str | None:
+    """The graph output whose declared shape or type the checker found wrong, if any."""
+    found = re.search(r"node name: ([^)]*)\)", message)
+    if found is None or "existing" not in message:
+        return None
+    for node in model.graph:
+        if node.name == found.group(1):
+            for output in node.outputs:
+                if output.is_graph_output():
+                    return output.name
+    return None
 
 
 @dataclass

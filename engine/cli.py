@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -185,6 +186,8 @@ def _run_rules_list(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Library warnings (onnx_ir's initializer notes, ...) are not the user's concern.
+    logging.getLogger("onnx_ir").setLevel(logging.ERROR)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

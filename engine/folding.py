@@ -97,15 +97,13 @@ class Folder:
         return True
 
     def _constant_inputs(self, node: ir.Node) -> list[np.ndarray | None] | None:
-        arrays: list[np.ndarray | None] = []
-        for value in node.inputs:
-            if value is None:
-                arrays.append(None)
-                continue
-            tensor = constant_tensor(value, self.context.ir_version)
-            if tensor is None:
-                return None
-            arrays.append(tensor.numpy())
+        tensors = [
+            None if value is None else constant_tensor(value, self.context.ir_version)
+            for value in node.inputs
+        ]
+        if any(t is None and v is not None for t, v in zip(tensors, node.inputs)):
+            return None  # decided before reading any weight: lazy data stays on disk
+        arrays = [None if t is None else t.numpy() for t in tensors]
         if node.op_type != "Constant" and not any(a is not None for a in arrays):
             # Generators without inputs (e.g. ConstantOfShape needs one) are not folded here.
             return None

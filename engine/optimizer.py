@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -319,10 +320,16 @@ def _cleanup(model: ir.Model) -> None:
 
 
 def _infer_shapes(model: ir.Model) -> None:
+    # onnx_ir logs a traceback when inference fails; for us that is not an error.
+    logger = logging.getLogger("onnx_ir.passes.common.shape_inference")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
     try:
         common_passes.ShapeInferencePass()(model)
     except Exception:  # shape inference is a help, not a requirement
         return
+    finally:
+        logger.setLevel(level)
 
 
 @dataclass
