@@ -82,6 +82,8 @@ class Folder:
         if results is None:
             results = self._castlike_result(node)
         if results is None:
+            results = self._constant_of_shape_result(node)
+        if results is None:
             inputs = self._constant_inputs(node)
             if inputs is None:
                 return False
@@ -139,6 +141,22 @@ class Folder:
             return [tensor.numpy().astype(like.numpy())]
         except (TypeError, ValueError):
             return None
+
+    def _constant_of_shape_result(self, node: ir.Node) -> list[np.ndarray] | None:
+        """ConstantOfShape is a plain fill: no evaluator needed (weights of big models)."""
+        if node.op_type != "ConstantOfShape" or not node.inputs or node.inputs[0] is None:
+            return None
+        shape = constant_tensor(node.inputs[0], self.context.ir_version)
+        if shape is None:
+            return None
+        dims = [int(d) for d in shape.numpy().reshape(-1)]
+        attr = node.attributes.get("value")
+        fill = attr.value.numpy().reshape(-1) if attr is not None else np.zeros(1, np.float32)
+        if fill.size != 1 or any(d < 0 for d in dims):
+            return None
+        if int(np.prod(dims)) * fill.dtype.itemsize > self.context.limit_bytes:
+            return None
+        return [np.full(dims, fill[0], dtype=fill.dtype)]
 
     def _evaluate(self, node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
         names = [f"i{k}" if a is not None else "" for k, a in enumerate(inputs)]

@@ -305,7 +305,7 @@ def normalize(
     )
     for graph in all_graphs(model):
         folder.fold_graph(graph)
-    _infer_shapes(model)
+    # No second inference here: folded values are initializers with exact shapes.
     return folder
 
 
