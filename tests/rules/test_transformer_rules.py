@@ -109,3 +109,157 @@ def test_gelu_erf_intermediate_used_elsewhere_does_not_fuse(value):
 
 def test_gelu_erf_needs_a_target_with_com_microsoft_gelu():
     does_not_fire(gelu_erf(), "ort-gelu-erf", target="onnx")
+
+
+def test_gelu_erf_opset20_becomes_onnx_gelu():
+    model = gelu_erf(opset=20)
+    result = fires(model, ["onnx-gelu-erf", "ort-gelu-erf"])
+    assert domain_ops(result) == ["Gelu"]
+    # for a target without com.microsoft, too
+    assert domain_ops(fires(model, "onnx-gelu-erf", target="onnx")) == ["Gelu"]
+
+
+def test_onnx_gelu_needs_opset_20():
+    does_not_fire(gelu_erf(opset=17), "onnx-gelu-erf")
+
+
+# --------------------------------------------------------------------------- FastGelu (tanh)
+
+
+def gelu_tanh(cube="pow", form="half_first", k=0.044715, opset=17, extra_use=None):
+    inits = {"k": scalar(k), "c": scalar(0.7978845608), "one": scalar(1.0), "half": scalar(0.5)}
+    if cube in ("pow", "cube"):
+        if cube == "pow":
+            inits["three"] = scalar(3.0)
+            nodes = [node("Pow", ["x", "three"], "x3")]
+        else:
+            nodes = [node("Mul", ["x", "x"], "x2"), node("Mul", ["x2", "x"], "x3")]
+        nodes += [
+            node("Mul", ["k", "x3"], "kx3"),
+            node("Add", ["x", "kx3"], "i"),
+            node("Mul", ["i", "c"], "t0"),
+        ]
+    else:  # factored: 0.79788 * x * (1 + 0.044715 * x * x), as fast_gelu_with_bias
+        nodes = [
+            node("Mul", ["x", "k"], "kx"),
+            node("Mul", ["x", "kx"], "kx2"),
+            node("Add", ["kx2", "one"], "p"),
+            node("Mul", ["x", "c"], "cx"),
+            node("Mul", ["cx", "p"], "t0"),
+        ]
+    nodes += [node("Tanh", ["t0"], "t"), node("Add", ["t", "one"], "a")]
+    if form == "half_first":
+        nodes += [node("Mul", ["x", "half"], "m"), node("Mul", ["m", "a"], "y")]
+    elif form == "half_inner":
+        nodes += [node("Mul", ["half", "a"], "m"), node("Mul", ["m", "x"], "y")]
+    else:
+        nodes += [node("Mul", ["a", "x"], "m"), node("Mul", ["half", "m"], "y")]
+    outputs = ("y",)
+    if extra_use:
+        nodes.append(node("Neg", [extra_use], "z"))
+        outputs = ("y", "z")
+    return build(nodes, {"x": ([2, 3, 8], F32)}, outputs=outputs, inits=inits, opset=opset)
+
+
+@pytest.mark.parametrize("form", ["half_first", "half_inner", "half_last"])
+@pytest.mark.parametrize("cube", ["pow", "cube", "factored"])
+def test_fast_gelu_forms_fuse(cube, form):
+    result = fires(gelu_tanh(cube, form), "ort-fast-gelu-tanh")
+    assert domain_ops(result) == ["com.microsoft::FastGelu"]
+
+
+@pytest.mark.parametrize("cube", ["pow", "factored"])
+def test_fast_gelu_opset20_becomes_onnx_gelu_tanh(cube):
+    result = fires(gelu_tanh(cube, opset=20), ["onnx-gelu-tanh", "ort-fast-gelu-tanh"])
+    assert domain_ops(result) == ["Gelu"]
+    assert result.graph.node[0].attribute[0].s == b"tanh"
+
+
+def test_fast_gelu_wrong_constant_does_not_fuse():
+    does_not_fire(gelu_tanh(k=0.05), "ort-fast-gelu-tanh")
+
+
+@pytest.mark.parametrize("value", ["t", "x3"])
+def test_fast_gelu_intermediate_used_elsewhere_does_not_fuse(value):
+    does_not_fire(gelu_tanh(extra_use=value), "ort-fast-gelu-tanh")
+
+
+# --------------------------------------------------------------------------- BiasGelu
+
+
+def bias_then(gelu: str, bias_shape=(8,), x_shape=(2, 3, 8), opset=17, bias_const=True, **attrs):
+    domain = "" if gelu == "onnx" else "com.microsoft"
+    op = "Gelu" if gelu in ("onnx", "ms") else "FastGelu"
+    inputs = {"x": (list(x_shape), F32)}
+    inits = {}
+    if bias_const:
+        inits["b"] = weights(*bias_shape)
+    else:
+        inputs["b"] = (list(bias_shape), F32)
+    act = onnx.helper.make_node(op, ["s"], ["y"], domain=domain, name="act", **attrs)
+    model = build([node("Add", ["b", "x"], "s")], inputs, outputs=("s",), inits=inits, opset=opset)
+    # com.microsoft ops cannot go through build's strict shape inference: add the node after.
+    model.graph.node.append(act)
+    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(x_shape)))
+    if domain:
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+@pytest.mark.parametrize("bias_const", [True, False])
+@pytest.mark.parametrize(
+    ("gelu", "opset", "attrs", "rule", "fused"),
+    [
+        ("ms", 17, {}, "ort-bias-gelu", "com.microsoft::BiasGelu"),
+        ("onnx", 20, {}, "ort-bias-gelu", "com.microsoft::BiasGelu"),
+        ("fast", 17, {}, "ort-fast-gelu-bias", "com.microsoft::FastGelu"),
+        ("onnx", 20, {"approximate": "tanh"}, "ort-fast-gelu-bias", "com.microsoft::FastGelu"),
+    ],
+)
+def test_bias_gelu_fuses(gelu, opset, attrs, rule, fused, bias_const):
+    result = fires(bias_then(gelu, opset=opset, bias_const=bias_const, **attrs), rule)
+    assert domain_ops(result) == [fused]
+    assert len(result.graph.node[0].input) == 2
+
+
+@pytest.mark.parametrize("bias_shape", [(1,), (2, 3, 8), (3, 1)])
+def test_bias_gelu_needs_a_1d_bias_over_the_last_axis(bias_shape):
+    does_not_fire(bias_then("ms", bias_shape=bias_shape), "ort-bias-gelu")
+
+
+def test_bias_gelu_does_not_take_approximate_tanh_gelu():
+    does_not_fire(bias_then("onnx", opset=20, approximate="tanh"), "ort-bias-gelu")
+
+
+# --------------------------------------------------------------------------- QuickGelu
+
+
+def quick_gelu(alpha=1.702, alpha_shape=(), silu=False, extra_use=None):
+    inits = {} if silu else {"alpha": np.full(alpha_shape, alpha, F32)}
+    nodes = [] if silu else [node("Mul", ["alpha", "x"], "s")]
+    nodes += [node("Sigmoid", ["x" if silu else "s"], "g"), node("Mul", ["g", "x"], "y")]
+    outputs = ("y",)
+    if extra_use:
+        nodes.append(node("Neg", [extra_use], "z"))
+        outputs = ("y", "z")
+    return build(nodes, {"x": ([2, 3, 8], F32)}, outputs=outputs, inits=inits)
+
+
+@pytest.mark.parametrize(("alpha", "shape"), [(1.702, ()), (1.702, (1,)), (-0.75, ())])
+def test_quick_gelu_fuses_and_binds_alpha(alpha, shape):
+    result = fires(quick_gelu(alpha, shape), "ort-quick-gelu")
+    assert domain_ops(result) == ["com.microsoft::QuickGelu"]
+    assert result.graph.node[0].attribute[0].f == pytest.approx(alpha)
+
+
+def test_silu_becomes_quick_gelu_alpha_one():
+    result = fires(quick_gelu(silu=True), "ort-quick-gelu-silu")
+    assert domain_ops(result) == ["com.microsoft::QuickGelu"]
+
+
+def test_quick_gelu_needs_a_scalar_alpha():
+    does_not_fire(quick_gelu(alpha_shape=(8,)), "ort-quick-gelu")
+
+
+def test_quick_gelu_sigmoid_used_elsewhere_does_not_fuse():
+    does_not_fire(quick_gelu(extra_use="g"), "ort-quick-gelu")
