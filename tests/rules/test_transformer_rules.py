@@ -263,3 +263,138 @@ def test_quick_gelu_needs_a_scalar_alpha():
 
 def test_quick_gelu_sigmoid_used_elsewhere_does_not_fuse():
     does_not_fire(quick_gelu(extra_use="g"), "ort-quick-gelu")
+
+
+# --------------------------------------------------------------------------- LayerNormalization
+
+
+def norm_model(
+    kind="ln",
+    opset=17,
+    square="pow",
+    dup_sub=False,
+    skip=False,
+    bias=False,
+    dtype=F32,
+    eps=1e-5,
+    axis=-1,
+    gamma_shape=None,
+    shape=(2, 3, 16),
+    extra_use=None,
+    recip=False,
+):
+    """A decomposed LayerNormalization (kind "ln") or RMS normalization (kind "rms")."""
+    hidden = shape[-1]
+    inputs = {"x": (list(shape), dtype)}
+    inits = {
+        "eps": scalar(eps, dtype),
+        "two": scalar(2.0, dtype),
+        "gamma": weights(*(gamma_shape or (hidden,)), dtype=dtype),
+        "beta": weights(hidden, dtype=dtype),
+    }
+    nodes = []
+    x = "x"
+    if skip:
+        inputs["skip"] = (list(shape), dtype)
+        if bias:
+            inits["bias"] = weights(hidden, dtype=dtype)
+            nodes.append(node("Add", ["x", "bias"], "xb"))
+        nodes.append(node("Add", ["skip", "xb" if bias else "x"], "l"))
+        x = "l"
+
+    def reduce_mean(src, out):
+        if opset >= 18:
+            inits[f"axes_{out}"] = np.array([axis], np.int64)
+            return node("ReduceMean", [src, f"axes_{out}"], out)
+        return node("ReduceMean", [src], out, axes=[axis])
+
+    if kind == "ln":
+        nodes += [reduce_mean(x, "m"), node("Sub", [x, "m"], "d")]
+        sq = "d"
+        if dup_sub:
+            nodes.append(node("Sub", [x, "m"], "d2"))
+            sq = "d2"
+    else:
+        sq = x
+        del inits["beta"]
+    nodes.append(node("Pow", [sq, "two"], "p") if square == "pow" else node("Mul", [sq, sq], "p"))
+    nodes += [reduce_mean("p", "v"), node("Add", ["v", "eps"], "e"), node("Sqrt", ["e"], "s")]
+    num = "d" if kind == "ln" else x
+    if recip:
+        nodes += [node("Reciprocal", ["s"], "r"), node("Mul", [num, "r"], "n")]
+    else:
+        nodes.append(node("Div", [num, "s"], "n"))
+    if kind == "ln":
+        nodes += [node("Mul", ["gamma", "n"], "g"), node("Add", ["g", "beta"], "y")]
+    else:
+        nodes.append(node("Mul", ["n", "gamma"], "y"))
+    if square == "mul":
+        del inits["two"]
+    outputs = ("y",)
+    if extra_use:
+        nodes.append(node("Neg", [extra_use], "z"))
+        outputs = ("y", "z")
+    return build(nodes, inputs, outputs=outputs, inits=inits, opset=opset)
+
+
+LN_RULE = {17: "onnx-layer-norm-opset17", 18: "onnx-layer-norm", 21: "onnx-layer-norm"}
+
+
+@pytest.mark.parametrize("opset", [17, 18, 21])
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("dup_sub", [False, True])
+def test_layer_norm_fuses(opset, square, dup_sub):
+    model = norm_model(opset=opset, square=square, dup_sub=dup_sub)
+    result = fires(model, LN_RULE[opset], target="onnx")
+    assert domain_ops(result) == ["LayerNormalization"]
+
+
+@pytest.mark.parametrize("axis", [-1, 2])
+def test_layer_norm_axis_last_in_either_spelling(axis):
+    fires(norm_model(axis=axis), "onnx-layer-norm-opset17")
+
+
+def test_layer_norm_float16_fuses():
+    # LayerNormalization computes in float32 (stash_type 1); the float16 chain it replaces
+    # still agrees within float16's default tolerance here.
+    model = norm_model(dtype=F16, eps=1e-3)
+    fires(model, "onnx-layer-norm-opset17")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"axis": 1},
+        {"axis": 0},
+        {"gamma_shape": (1,)},
+        {"extra_use": "d"},
+        {"extra_use": "v"},
+        {"extra_use": "n"},
+        {"opset": 16},
+    ],
+)
+def test_layer_norm_does_not_fuse(change):
+    opset = change.get("opset", 17)
+    name = LN_RULE.get(opset, "onnx-layer-norm-opset17")
+    does_not_fire(norm_model(**change), name)
+
+
+def test_layer_norm_runtime_eps_does_not_fuse():
+    model = norm_model()
+    eps = next(i for i in model.graph.initializer if i.name == "eps")
+    model.graph.input.append(onnx.helper.make_tensor_value_info("eps", eps.data_type, []))
+    model.graph.initializer.remove(eps)
+    does_not_fire(model, "onnx-layer-norm-opset17")
+
+
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("recip", [False, True])
+def test_rms_norm_fuses_at_opset_23(square, recip):
+    model = norm_model("rms", opset=23, square=square, recip=recip)
+    result = fires(model, "onnx-rms-norm", target="onnx")
+    assert domain_ops(result) == ["RMSNormalization"]
+
+
+@pytest.mark.parametrize("change", [{"opset": 21}, {"axis": 1}, {"extra_use": "s"}])
+def test_rms_norm_does_not_fuse(change):
+    does_not_fire(norm_model("rms", **{"opset": 23, **change}), "onnx-rms-norm")
