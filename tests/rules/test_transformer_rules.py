@@ -398,3 +398,111 @@ def test_rms_norm_fuses_at_opset_23(square, recip):
 @pytest.mark.parametrize("change", [{"opset": 21}, {"axis": 1}, {"extra_use": "s"}])
 def test_rms_norm_does_not_fuse(change):
     does_not_fire(norm_model("rms", **{"opset": 23, **change}), "onnx-rms-norm")
+
+
+# --------------------------------------------------------------------------- SkipLayerNormalization
+
+SKIP_RULES = [
+    "ort-skip-layer-norm-bias-decomposed",
+    "ort-skip-layer-norm-decomposed",
+    "ort-skip-layer-norm-bias",
+    "ort-skip-layer-norm",
+    "onnx-layer-norm-opset17",
+    "onnx-layer-norm",
+]
+
+
+def skip_fires(model, first, **kwargs):
+    return fires(model, [first, *(r for r in SKIP_RULES if r != first)], **kwargs)
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dup_sub", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 16), (6, 16)])
+def test_skip_layer_norm_decomposed_fuses(opset, bias, dup_sub, shape):
+    name = "ort-skip-layer-norm-bias-decomposed" if bias else "ort-skip-layer-norm-decomposed"
+    model = norm_model(opset=opset, skip=True, bias=bias, dup_sub=dup_sub, shape=shape)
+    result = skip_fires(model, name)
+    assert domain_ops(result) == ["com.microsoft::SkipLayerNormalization"]
+    assert len(result.graph.node[0].input) == (5 if bias else 4)
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skip_layer_norm_through_layer_norm(opset, bias):
+    name = "ort-skip-layer-norm-bias" if bias else "ort-skip-layer-norm"
+    result = skip_fires(norm_model(opset=opset, skip=True, bias=bias, square="mul"), name)
+    assert domain_ops(result) == ["com.microsoft::SkipLayerNormalization"]
+
+
+def skip_ln(shape=(2, 3, 16), skip_shape=None, dtype=F32, beta=True, bias=False, axis=-1):
+    hidden = shape[-1]
+    inputs = {"x": (list(shape), dtype), "skip": (list(skip_shape or shape), dtype)}
+    inits = {"gamma": weights(hidden, dtype=dtype)}
+    if beta:
+        inits["beta"] = weights(hidden, dtype=dtype)
+    nodes = []
+    if bias:
+        inits["bias"] = weights(hidden, dtype=dtype)
+        nodes.append(node("Add", ["bias", "x"], "xb"))
+    nodes += [
+        node("Add", ["xb" if bias else "x", "skip"], "l"),
+        node(
+            "LayerNormalization",
+            ["l", "gamma", "beta"] if beta else ["l", "gamma"],
+            "y",
+            axis=axis,
+            epsilon=1e-6,
+        ),
+    ]
+    return build(nodes, inputs, inits=inits)
+
+
+@pytest.mark.parametrize("beta", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_skip_layer_norm_from_layer_norm_op(beta, bias, dtype):
+    name = "ort-skip-layer-norm-bias" if bias else "ort-skip-layer-norm"
+    # float16: the rules' declared tolerance (the source rounds the residual sum to float16,
+    # the kernel keeps it in float32).
+    tol = {"rtol": 1e-3, "atol": 4e-3} if dtype == F16 else {}
+    result = fires(skip_ln(beta=beta, bias=bias, dtype=dtype), name, **tol)
+    assert domain_ops(result) == ["com.microsoft::SkipLayerNormalization"]
+    eps = next(a for a in result.graph.node[0].attribute if a.name == "epsilon")
+    assert eps.f == pytest.approx(1e-6)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"skip_shape": (1, 3, 16)},  # broadcast skip
+        {"shape": (2, 2, 3, 16)},  # the kernel takes 2-D or 3-D inputs
+        {"axis": 1},
+    ],
+)
+def test_skip_layer_norm_does_not_fuse(change):
+    does_not_fire(skip_ln(**change), "ort-skip-layer-norm")
+
+
+def test_skip_layer_norm_bias_sum_used_elsewhere_fuses_without_bias():
+    # as onnxruntime's skip_layer_norm_format1_partial: the bias Add stays, the rest fuses
+    model = skip_ln(bias=True)
+    model.graph.node.append(node("Neg", ["xb"], "z"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, 3, 16]))
+    result = fires(model, ["ort-skip-layer-norm", "ort-skip-layer-norm-bias"])
+    assert sorted(domain_ops(result)) == ["Add", "Neg", "com.microsoft::SkipLayerNormalization"]
+
+
+def test_skip_layer_norm_residual_sum_used_elsewhere_does_not_fuse():
+    does_not_fire(norm_model(opset=12, skip=True, extra_use="l"), "ort-skip-layer-norm-decomposed")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_skip_layer_norm_decomposed_float16(seed):
+    model = norm_model(opset=12, skip=True, bias=True, dtype=F16, eps=1e-3)
+    feeds = random_feeds(model, seed)
+    result = skip_fires(
+        model, "ort-skip-layer-norm-bias-decomposed", feeds=feeds, rtol=1e-3, atol=4e-3
+    )
+    assert domain_ops(result) == ["com.microsoft::SkipLayerNormalization"]
