@@ -631,3 +631,24 @@ def test_ort_fusion_models_match_onnxruntime(name, all_rules, tmp_path):
 def test_ort_fusion_models_out_of_reach_stay_valid(name, all_rules, tmp_path):
     result, _ = optimize_peer(name, all_rules, tmp_path)
     assert len(result.graph.node) <= MANIFEST[name]["nodes_before"]
+
+
+# ---------------------------------------------------------- SkipSimplifiedLayerNormalization
+
+
+@pytest.mark.parametrize("opset", [12, 18])
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("recip", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 16), (6, 16)])
+def test_skip_rms_norm_fuses(opset, square, recip, shape):
+    name = "ort-skip-rms-norm" if opset < 18 else "ort-skip-rms-norm-opset18"
+    model = norm_model("rms", opset=opset, skip=True, square=square, recip=recip, shape=shape)
+    result = fires(model, name)
+    assert domain_ops(result) == ["com.microsoft::SkipSimplifiedLayerNormalization"]
+
+
+@pytest.mark.parametrize(
+    "change", [{"axis": 1}, {"extra_use": "l"}, {"extra_use": "s"}, {"shape": (2, 2, 3, 16)}]
+)
+def test_skip_rms_norm_does_not_fuse(change):
+    does_not_fire(norm_model("rms", opset=12, skip=True, **change), "ort-skip-rms-norm")
