@@ -32,6 +32,7 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from onnxfuse.planner.cli import add_plan_command
+    from onnxfuse.proof.cli import add_check_command
 
     parser = _Parser(
         prog="onnxfuse",
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=_run_rules_list)
 
     add_plan_command(sub)
+    add_check_command(sub)
     return parser
 
 

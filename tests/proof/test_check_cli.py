@@ -1,0 +1,88 @@
+"""`onnxfuse check`: the wrong example rule fails with a saved counterexample; the built-in
+packs pass; bad input is a one-line error."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import REPO_ROOT
+
+from onnxfuse.cli import main
+
+WRONG_RULE = REPO_ROOT / "docs" / "examples" / "wrong-rule.yaml"
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_wrong_rule_fails_and_saves_a_counterexample(tmp_path, capsys):
+    save = tmp_path / "cex"
+    code, out, _ = run(
+        capsys, "check", str(WRONG_RULE), "--examples", "20", "--save-dir", str(save)
+    )
+    assert code == 1, out
+    assert "FAIL  gelu-as-sigmoid" in out and "numerics" in out
+    saved = save / "gelu-as-sigmoid.onnx"
+    onnx.checker.check_model(onnx.load(str(saved)), full_check=True)
+    assert saved.stat().st_size < 10_000
+    repro = [line for line in out.splitlines() if line.strip().startswith("reproduce: ")]
+    assert len(repro) == 1
+    command = repro[0].strip().removeprefix("reproduce: ")
+    assert (save / "gelu-as-sigmoid.repro").read_text().strip() == command
+    argv = shlex.split(command)
+    assert argv[:2] == ["onnxfuse", "check"] and "--replay" in argv
+    code, out, _ = run(capsys, *argv[1:])
+    assert code == 1 and "still fails" in out
+
+
+@pytest.mark.parametrize("pack", ["core", "ort", "onnx"])
+def test_builtin_packs_hold(pack, tmp_path, capsys):
+    folder = REPO_ROOT / "rules" / pack
+    code, out, _ = run(capsys, "check", str(folder), "--examples", "4", "--save-dir", str(tmp_path))
+    assert code == 0, out
+    assert "rule(s) hold" in out
+    assert not list(Path(tmp_path).iterdir())
+
+
+def test_a_rule_without_a_domain_fails(tmp_path, capsys):
+    path = tmp_path / "rules.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - name: no-domain\n"
+        "    source: |\n"
+        "      f (X) => (Y) {\n"
+        "        Y = Identity(X)\n"
+        "      }\n"
+        "    target: |\n"
+        "      f (X) => (X) {}\n"
+    )
+    code, out, _ = run(capsys, "check", str(path), "--save-dir", str(tmp_path / "cex"))
+    assert code == 1
+    assert "no verification domain" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["check", "no/such/rules.yaml"], "no such rule file"),
+        (["check", str(WRONG_RULE), "--rule", "nope"], "no rule named nope"),
+        (["check", str(WRONG_RULE), "--examples", "0"], "positive integer"),
+        (["check", str(WRONG_RULE), "--target", "nope"], "unknown target"),
+        (["check", str(WRONG_RULE), "--replay", "no/such.onnx"], "no such file"),
+    ],
+)
+def test_bad_input_is_one_line(args, fragment, capsys):
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse rejects the arguments themselves
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], err

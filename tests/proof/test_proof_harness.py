@@ -1,0 +1,366 @@
+"""The proof harness itself: the verify format, the generator, the oracle, and that it
+catches wrong rules (numerics, firing on negatives, domains that never fire)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import rules_from_text
+from hypothesis import given
+from hypothesis import strategies as st
+
+from onnxfuse.proof.check import (
+    check_rule,
+    load_counterexample,
+    replay,
+    save_counterexample,
+)
+from onnxfuse.proof.domain import (
+    DEFAULT_TOLERANCES,
+    Broadcast,
+    Literal,
+    Subset,
+    VerifyError,
+    parse_domain,
+    parse_spec,
+)
+from onnxfuse.proof.draw import HypothesisDrawer, RandomDrawer, draw
+from onnxfuse.proof.expr import ExprError, parse_expr
+from onnxfuse.proof.instance import build_model, generate, make_feeds, random_array
+from onnxfuse.proof.runtime import compare
+from onnxfuse.targets import load_target
+
+RELU_RELU = """\
+rules:
+  - name: my-relu-relu
+    source: |
+      f (X) => (Y) {{
+        T = Relu(X)
+        Y = Relu(T)
+      }}
+    target: |
+      f (X) => (Y) {{
+        Y = Relu(X)
+      }}
+{verify}
+"""
+
+
+def rule_with(verify: str):
+    return rules_from_text(RELU_RELU.format(verify=verify))[0]
+
+
+def domain_error(verify: str) -> str:
+    with pytest.raises(VerifyError) as caught:
+        parse_domain(rule_with(verify))
+    return str(caught.value)
+
+
+# -- the verify format -------------------------------------------------------------
+
+
+def test_a_rule_without_a_domain_is_an_error():
+    assert "no verification domain" in domain_error("")
+
+
+@pytest.mark.parametrize(
+    ("verify", "fragment"),
+    [
+        ("    verify: {dtypes: [float32], inputs: {X: [2]}, ranks: [1]}", "unknown key 'ranks'"),
+        ("    verify: {inputs: {X: [2]}}", "'dtypes' must list"),
+        ("    verify: {dtypes: [float31], inputs: {X: [2]}}", "unknown dtype 'float31'"),
+        ("    verify: {dtypes: [float32]}", "no shape for variable 'X'"),
+        ("    verify: {dtypes: [float32], inputs: {X: [2], Z: [2]}}", "inputs.Z: not a variable"),
+        (
+            "    verify: {dtypes: [float32], inputs: {X: [2]}, special_values: false}",
+            "needs a reason",
+        ),
+        (
+            "    verify: {dtypes: [float32], inputs: {X: [2]}, tolerance: {rtol: 0.1}}",
+            "needs a 'reason'",
+        ),
+        ("    verify: {dtypes: [float32], inputs: {X: [2]}, opsets: [x]}", "opsets"),
+        ("    verify: {dtypes: [float32], dims: {X: 2}, inputs: {X: [2]}}", "both"),
+        ("    verify: {dtypes: [float32], inputs: {X: ['import os']}}", "invalid expression"),
+        (
+            "    verify: {dtypes: [float32], inputs: {X: [2]}, node_attributes: {T: {a: 1}}}",
+            "copy_attributes",
+        ),
+        ("    verify: {dtypes: [float32], inputs: {X: [2]}, attributes: {eps: [1]}}", "eps"),
+    ],
+)
+def test_malformed_domains_are_named(verify, fragment):
+    message = domain_error(verify)
+    assert "my-relu-relu" in message
+    assert fragment in message
+
+
+def test_tolerance_and_special_values_with_reasons():
+    domain = parse_domain(
+        rule_with(
+            "    verify:\n"
+            "      dtypes: [float32, float16]\n"
+            "      inputs: {X: [2]}\n"
+            "      special_values: {inputs: [nan, inf], constants: none, reason: why}\n"
+            "      tolerance: {float16: {rtol: 1.0e-2}, reason: because}\n"
+        )
+    )
+    assert domain.special_inputs == {"nan", "inf"}
+    assert domain.special_constants == frozenset()
+    assert domain.tolerance("float16") == (1e-2, DEFAULT_TOLERANCES["float16"][1])
+    assert domain.tolerance("float32") == DEFAULT_TOLERANCES["float32"]
+    assert domain.tolerance("int32") == (0.0, 0.0)
+
+
+# -- draws and expressions -------------------------------------------------------------
+
+
+def test_spec_kinds():
+    env = {"R": 3, "D": [2, 3, 4]}
+    drawer = RandomDrawer(1)
+    assert draw(parse_spec("1..1", "t"), env, drawer, "t") == 1
+    assert isinstance(draw(parse_spec("-1.0..1.0", "t"), env, drawer, "t"), float)
+    assert draw(parse_spec("1..R", "t"), env, drawer, "t") in (1, 2, 3)
+    assert draw(parse_spec("[d * 2 for d in D]", "t"), env, drawer, "t") == [4, 6, 8]
+    assert draw(parse_spec("'NOTSET'", "t"), env, drawer, "t") == "NOTSET"
+    assert sorted(draw(parse_spec({"permutation": "R"}, "t"), env, drawer, "t")) == [0, 1, 2]
+    assert len(draw(parse_spec({"rank": "R", "each": [5]}, "t"), env, drawer, "t")) == 3
+    assert parse_spec(None, "t") == Literal(None)
+
+
+def test_expressions_are_whitelisted():
+    for text in ("__import__('os')", "D.append(1)", "lambda: 1", "{1: 2}", "open('x')"):
+        with pytest.raises(ExprError):
+            parse_expr(text)
+    assert parse_expr("[a + b for a, b in zip(x, y) if a]").evaluate(
+        {"x": [1, 0, 2], "y": [3, 4, 5]}
+    ) == [4, 7]
+
+
+@given(st.data())
+def test_subset_and_broadcast_draws(data):
+    drawer = HypothesisDrawer(data)
+    pool = data.draw(st.lists(st.integers(0, 9), min_size=0, max_size=6, unique=True))
+    size = data.draw(st.integers(0, len(pool)))
+    chosen = draw(Subset(Literal(pool), Literal(size)), {}, drawer, "t")
+    assert len(chosen) == size and set(chosen) <= set(pool)
+    assert [pool.index(c) for c in chosen] == sorted(pool.index(c) for c in chosen)
+    shape = data.draw(st.lists(st.integers(1, 4), max_size=4))
+    small = draw(Broadcast(Literal(shape)), {}, drawer, "t")
+    assert np.broadcast_shapes(tuple(small), tuple(shape)) == tuple(shape)
+
+
+# -- instances ----------------------------------------------------------------------
+
+
+def test_instance_of_a_folding_rule():
+    from onnxfuse.language.packs import load_builtin_rules
+
+    rule = {r.name: r for r in load_builtin_rules(["core"])}["conv-bn-fold"]
+    domain = parse_domain(rule)
+    for seed in range(5):
+        instance = generate(rule, domain, RandomDrawer(seed))
+        model = build_model(instance.spec)  # onnx's full checker passed
+        initializers = {i.name for i in model.graph.initializer}
+        assert {"W", "B", "scale", "bias", "mean", "var"} <= initializers
+        assert [i.name for i in model.graph.input] == ["X"]
+        assert [n.op_type for n in model.graph.node] == ["Conv", "BatchNormalization"]
+
+
+def test_special_values_in_random_data():
+    rng = np.random.default_rng(0)
+    data = random_array(rng, "float32", (64,), None, frozenset({"nan", "inf", "neg_zero"}))
+    assert np.isnan(data).any() and np.isinf(data).any()
+    plain = random_array(rng, "float32", (64,), None, frozenset())
+    assert np.isfinite(plain).all()
+    bf16 = random_array(rng, "bfloat16", (64,), None, frozenset({"subnormal"}))
+    assert bf16.dtype == ml_dtypes.bfloat16
+    tiny = np.abs(bf16.astype(np.float64))
+    assert ((tiny > 0) & (tiny < float(ml_dtypes.finfo(ml_dtypes.bfloat16).tiny))).any()
+    ints = random_array(rng, "int8", (256,), None, frozenset({"large"}))
+    assert ints.min() == -128 or ints.max() == 127
+
+
+def test_feeds_hold_special_values_only_where_allowed():
+    rule = rule_with(
+        "    verify:\n"
+        "      dtypes: [float32]\n"
+        "      inputs: {X: [64]}\n"
+        "      special_values: {inputs: none, constants: all, reason: test}\n"
+    )
+    instance = generate(rule, parse_domain(rule), RandomDrawer(0))
+    for feed in make_feeds(instance.spec, 0):
+        assert all(np.isfinite(v).all() for v in feed.values())
+
+
+# -- comparison ------------------------------------------------------------------------
+
+
+def test_compare_nan_inf_and_tolerances():
+    tol = parse_domain(rule_with("    verify: {dtypes: [float32], inputs: {X: [2]}}")).tolerance
+    a = np.array([np.nan, np.inf, -np.inf, 1.0, 0.0], np.float32)
+    assert compare([a], [a.copy()], ["y"], tol) is None
+    b = a.copy()
+    b[3] = 1.0 + 2e-6  # beyond rtol 1.3e-6 but within atol 1e-5
+    assert compare([a], [b], ["y"], tol) is None
+    b[3] = 1.001
+    assert "differ" in compare([a], [b], ["y"], tol).message
+    c = a.copy()
+    c[0] = 0.0  # a number where the source has NaN
+    assert compare([a], [c], ["y"], tol) is not None
+    d = a.copy()
+    d[1] = np.finfo(np.float32).max
+    assert compare([a], [d], ["y"], tol) is not None
+    assert "dtype" in compare([a], [a.astype(np.float64)], ["y"], tol).message
+    assert "shape" in compare([a], [a[:2]], ["y"], tol).message
+    ints = np.array([1, 2], np.int32)
+    assert compare([ints], [ints + np.array([0, 1], np.int32)], ["y"], tol) is not None
+
+
+# -- catching wrong rules ---------------------------------------------------------------
+
+# onnxscript's BatchNormalization-into-Gemm rule ignored Gemm's beta. This one does too.
+GEMM_BN_IGNORING_BETA = """\
+rules:
+  - name: gemm-bn-fold-wrong
+    copy_attributes: {G: Y}
+    source: |
+      gemm_bn <eps> (A, B, C, scale, bias, mean, var) => (Y) {
+        G = Gemm(A, B, C)
+        Y = BatchNormalization<epsilon = @eps>(G, scale, bias, mean, var)
+      }
+    where:
+      - dtype(A) == "float32"
+      - is_constant(B) and is_constant(C) and rank(C) == 1
+      - is_constant(scale) and is_constant(bias) and is_constant(mean) and is_constant(var)
+    target: |
+      gemm_bn <eps> (A, B, C, scale, bias, mean, var) => (Y) {
+        e = Constant<value_float: float = @eps>()
+        v = Add(var, e)
+        sd = Sqrt(v)
+        f = Div(scale, sd)
+        B2 = Mul(B, f)
+        d = Sub(C, mean)
+        d2 = Mul(d, f)
+        C2 = Add(d2, bias)
+        Y = Gemm(A, B2, C2)
+      }
+    verify:
+      opsets: [15]
+      dtypes: [float32]
+      dims: {M: 1..3, K: 1..4, N: 1..4}
+      attributes: {eps: [1.0e-5]}
+      node_attributes:
+        G: {alpha: [1.0], beta: [1.0, 0.5, 2.0]}
+      inputs:
+        A: [M, K]
+        B: {shape: [K, N], constant: true}
+        C: {shape: [N], constant: true}
+        scale: {shape: [N], constant: true}
+        bias: {shape: [N], constant: true}
+        mean: {shape: [N], constant: true}
+        var: {shape: [N], constant: true, range: [0.5, 2.0]}
+      special_values:
+        inputs: [nan, inf, neg_zero, subnormal]
+        constants: none
+        reason: the fold reassociates products, which overflow at different points
+"""
+
+
+def test_catches_a_gemm_bn_fold_that_ignores_beta():
+    rule = rules_from_text(GEMM_BN_IGNORING_BETA)[0]
+    report = check_rule(rule, examples=30, negative=False, shrink_seconds=5)
+    assert report.failure is not None, report.summary()
+    assert report.failure.kind == "numerics"
+    assert "beta=0.5" in report.failure.instance or "beta=2.0" in report.failure.instance
+
+
+def test_accepts_the_same_fold_without_beta():
+    text = GEMM_BN_IGNORING_BETA.replace("beta: [1.0, 0.5, 2.0]", "beta: [1.0]")
+    report = check_rule(rules_from_text(text)[0], examples=15, shrink_seconds=5)
+    assert report.ok, report.failure.format() if report.failure else report.error
+
+
+def test_catches_a_relu_clip_rule_that_forgets_the_lower_bound():
+    text = """\
+rules:
+  - name: relu-clip-wrong
+    opset: {"": 11}
+    source: |
+      f (X, A, B) => (Y) {
+        T = Relu(X)
+        Y = Clip(T, A, B)
+      }
+    where: [is_constant(A) and is_constant(B)]
+    target: |
+      f (X, A, B) => (Y) {
+        Y = Clip(X, A, B)
+      }
+    verify:
+      opsets: [13]
+      dtypes: [float32]
+      dims: {D: {rank: 1..2, each: 1..4}, a: "-2.0..0.5", b: "0.5..3.0"}
+      inputs: {X: [D], A: {shape: [], value: a}, B: {shape: [], value: b}}
+"""
+    report = check_rule(rules_from_text(text)[0], examples=40, negative=False, shrink_seconds=5)
+    assert report.failure is not None and report.failure.kind == "numerics"
+
+
+def test_catches_a_rule_that_fires_on_a_declared_negative():
+    text = """\
+rules:
+  - name: reshape-noop-unguarded
+    source: |
+      f (X, S) => (Y) {
+        Y = Reshape(X, S)
+      }
+    target: |
+      f (X) => (X) {}
+    verify:
+      opsets: [17]
+      dtypes: [float32]
+      dims: {D: {rank: 2..3, each: 2..3}}
+      inputs: {X: [D], S: {dtype: int64, value: shape(X)}}
+      negatives:
+        - {input: S, value: "list(shape(X))[::-1]", when: "list(D) != list(D)[::-1]"}
+"""
+    report = check_rule(rules_from_text(text)[0], examples=30, shrink_seconds=5)
+    assert report.failure is not None
+    assert report.failure.kind == "fired-on-negative"
+    assert report.failure.expect == "no-fire"
+
+
+def test_a_domain_that_never_fires_fails_coverage():
+    text = """\
+rules:
+  - name: never
+    source: |
+      f (X) => (Y) {
+        T = Relu(X)
+        Y = Relu(T)
+      }
+    where: [rank(X) > 10]
+    target: |
+      f (X) => (Y) {
+        Y = Relu(X)
+      }
+    verify: {dtypes: [float32], inputs: {X: [2]}}
+"""
+    report = check_rule(rules_from_text(text)[0], examples=10)
+    assert report.error is not None
+    assert "no firing instance" in report.error and "rank(X) > 10" in report.error
+
+
+def test_counterexample_roundtrip(tmp_path):
+    rule = rules_from_text(GEMM_BN_IGNORING_BETA)[0]
+    report = check_rule(rule, examples=30, negative=False, shrink_seconds=2)
+    assert report.failure is not None
+    path, command = save_counterexample(report.failure, tmp_path, "rules.yaml", "cpu")
+    assert path.exists() and path.stat().st_size < 10_000
+    assert "\n" not in command and "--replay" in command and str(path) in command
+    model, meta, feeds = load_counterexample(path)
+    assert meta["rule"] == rule.name and meta["expect"] == "match"
+    assert set(feeds) == {"A"}
+    problem = replay(model, meta["expect"], feeds, rule, load_target("cpu"))
+    assert problem is not None and "differ" in problem
