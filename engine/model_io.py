@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnx
 import onnx_ir as ir
+import onnx_ir.passes.common
 from google.protobuf.message import DecodeError
 
 from onnxfuse.errors import InvariantError, ModelError
@@ -35,18 +36,37 @@ def load_model(path: str | os.PathLike, check: bool = True) -> ir.Model:
         raise ModelError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
     if not proto.graph.node and not proto.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph)")
-    if check:
-        try:
-            # Checking by path handles models over 2 GB with external data.
-            onnx.checker.check_model(str(path), full_check=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-            raise ModelError(f"{path}: fails the ONNX checker: {_first_line(exc)}") from None
+    failure = _check_path(path) if check else None
     try:
         model = ir.from_proto(proto)
     except Exception as exc:  # onnx_ir raises many types on malformed graphs
         raise ModelError(f"{path}: cannot be read as an ONNX graph ({_first_line(exc)})") from None
+    if failure is not None and not _valid_once_sorted(model, failure):
+        raise ModelError(f"{path}: fails the ONNX checker: {failure}")
     _attach_external_data_base(model, path.parent)
     return model
+
+
+def _check_path(path: Path) -> str | None:
+    try:
+        # Checking by path handles models over 2 GB with external data.
+        onnx.checker.check_model(str(path), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        return _first_line(exc)
+    return None
+
+
+def _valid_once_sorted(model: ir.Model, failure: str) -> bool:
+    """Nodes out of order are a writer's slip, not a different model: sort them
+    (in place) and accept the model if that was the only problem."""
+    if "topologically sorted" not in failure or _needs_external_data(model):
+        return False
+    ir.passes.common.TopologicalSortPass()(model)
+    try:
+        onnx.checker.check_model(ir.serde.serialize_model(model), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
+        return False
+    return True
 
 
 def _attach_external_data_base(model: ir.Model, base_dir: Path) -> None:

@@ -305,14 +305,21 @@ def normalize(
     )
     for graph in all_graphs(model):
         folder.fold_graph(graph)
+    # Rules then see one node where exporters wrote the same computation twice.
+    _merge_duplicates(model)
     # No second inference here: folded values are initializers with exact shapes.
     return folder
 
 
+def _merge_duplicates(model: ir.Model) -> None:
+    """Equal small initializers first, so that CSE sees their users as equal."""
+    common_passes.DeduplicateInitializersPass()(model)
+    common_passes.CommonSubexpressionEliminationPass()(model)
+
+
 def _cleanup(model: ir.Model) -> None:
     common_passes.RemoveUnusedNodesPass()(model)
-    common_passes.CommonSubexpressionEliminationPass()(model)
-    common_passes.DeduplicateInitializersPass()(model)
+    _merge_duplicates(model)
     common_passes.RemoveUnusedNodesPass()(model)
     common_passes.RemoveUnusedOpsetsPass()(model)
     common_passes.TopologicalSortPass()(model)

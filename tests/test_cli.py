@@ -246,3 +246,16 @@ def test_progress_and_errors_do_not_leave_temporary_files(tmp_path, relu_model):
     assert main(["optimize", str(relu_model), "-o", str(out), "-q"]) == 0
     leftovers = [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     assert leftovers == []
+
+
+def test_nodes_out_of_order_are_sorted_not_rejected(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["t"], ["y"], name="second"),
+        helper.make_node("Neg", ["x"], ["t"], name="first"),
+    ]
+    graph = helper.make_graph(nodes, "g", [tensor_input("x", X)], [tensor_input("y", X)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path, out = tmp_path / "unsorted.onnx", tmp_path / "out.onnx"
+    onnx.save(model, path)
+    assert main(["optimize", str(path), "-o", str(out), "-q"]) == 0
+    assert [n.name for n in onnx.load(out).graph.node] == ["first", "second"]

@@ -546,15 +546,18 @@ def test_guard_on_symbolic_dimension_is_false():
 
 TWO_ROOTS = """
 rules:
-  - name: shared-relu
+  - name: relu-beside-abs
     source: |
       f (X) => (A, B) {
         A = Relu(X)
-        B = Relu(X)
+        B = Abs(X)
       }
     target: |
-      f (X) => (A, A) {
-        A = Relu(X)
+      f (X) => (A, B) {
+        z = Constant<value_float = 0.0>()
+        zt = CastLike(z, X)
+        A = Max(X, zt)
+        B = Abs(X)
       }
 """
 
@@ -562,20 +565,32 @@ rules:
 def test_multi_output_multi_root_pattern():
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="r1"),
-        helper.make_node("Relu", ["x"], ["b"], name="r2"),
+        helper.make_node("Abs", ["x"], ["b"], name="r2"),
         helper.make_node("Add", ["a", "b"], ["y"], name="add"),
     ]
     model = make_model(nodes, [tensor_input("x", X4)], [tensor_input("y", X4)])
     report, result = optimize_proto(model, rules_from_text(TWO_ROOTS))
-    assert fired(report, "shared-relu") == 1
-    assert sorted(n.op_type for n in result.graph.node) == ["Add", "Relu"]
+    assert fired(report, "relu-beside-abs") == 1
+    assert sorted(n.op_type for n in result.graph.node) == ["Abs", "Add", "Max"]
     assert_same_outputs(model, result)
 
 
 def test_multi_root_pattern_needs_both_roots():
     model = unary_chain("Relu")
     report, _ = optimize_proto(model, rules_from_text(TWO_ROOTS))
-    assert fired(report, "shared-relu") == 0
+    assert fired(report, "relu-beside-abs") == 0
+
+
+def test_duplicate_computations_are_merged_before_rules_run():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="r1"),
+        helper.make_node("Relu", ["x"], ["b"], name="r2"),
+        helper.make_node("Add", ["a", "b"], ["y"], name="add"),
+    ]
+    model = make_model(nodes, [tensor_input("x", X4)], [tensor_input("y", X4)])
+    _, result = optimize_proto(model, [])
+    assert sorted(n.op_type for n in result.graph.node) == ["Add", "Relu"]
+    assert_same_outputs(model, result)
 
 
 BENEFIT = """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from helpers import assert_close, random_feeds, run
@@ -23,6 +24,15 @@ from onnxfuse.targets import load_target
 DATA = Path(__file__).parent / "data" / "ort-fusion"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 LOADABLE = [e for e in MANIFEST if e["ops_after_ort_cpu_extended"] is not None]
+
+
+# Models where a fused kernel's last-bit differences are summed by a later op.
+LOOSER = {
+    # BiasGelu differs from the decomposed form by <= 2.4e-7 per element (both
+    # are as close to exact Gelu); the following MatMul sums 3072 of them into
+    # outputs near 100.
+    "bias_gelu_fusion_recompute.onnx": (1.3e-6, 1e-4),
+}
 
 
 def _not_comparable(entry: dict) -> str | None:
@@ -55,4 +65,10 @@ def test_optimized_peer_model_is_valid_and_equivalent(entry, rules, tmp_path):
         return
     original = onnx.load(path)
     feeds = random_feeds(original, dims=entry["dims"])
-    assert_close(run(out, feeds), run(original, feeds))
+    actual, expected = run(out, feeds), run(original, feeds)
+    if entry["model"] in LOOSER:
+        rtol, atol = LOOSER[entry["model"]]
+        for a, e in zip(actual, expected):
+            np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        assert_close(actual, expected)
