@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """Messages are printed as one line: fold line breaks, show control characters."""
+    folded = " ".join(text.split())
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in folded)
+
+
 class OnnxfuseError(Exception):
     """A problem with the user's input (model, rule file, arguments)."""
 
@@ -14,7 +20,7 @@ class RuleError(OnnxfuseError):
         where = path or "<rules>"
         if line is not None:
             where = f"{where}:{line}"
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{where}: {one_line(message)}")
         self.path = path
         self.line = line
 

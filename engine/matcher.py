@@ -354,6 +354,12 @@ class Matcher:
             return None
         matched = {id(n) for n in state.nodes.values()}
         replaced = {id(v) for v in outputs}
+        for name in source.input_names():
+            value = state.values.get(name)
+            producer = value.producer() if value is not None else None
+            if producer is not None and id(producer) in matched:
+                self._fail(f"variable '{name}' is bound to a value computed inside the match")
+                return None
         for node in state.nodes.values():
             for output in node.outputs:
                 if id(output) in replaced:

@@ -68,7 +68,7 @@ class Report:
 class Options:
     target: Target | None = None  # None: no gating (every op allowed)
     max_iterations: int = DEFAULT_MAX_ITERATIONS
-    max_rewrites: int | None = None  # default: 10 per node of the input, at least 10,000
+    max_rewrites: int | None = None  # default: 5 per node of the input, at least 1,000
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
     progress: Callable[[str], None] | None = None
 
@@ -136,7 +136,7 @@ class _Driver:
         for rule in rules:
             for key in sorted(rule.anchor_keys):
                 self.by_anchor.setdefault(key, []).append(rule)
-        self.max_rewrites = options.max_rewrites or max(10_000, 10 * report.nodes_before)
+        self.max_rewrites = options.max_rewrites or max(1_000, 5 * report.nodes_before)
         self.signatures: set[tuple[object, ...]] = set()
         # Deep enough to see a whole source or target pattern below its inputs.
         self.region_depth = 1 + max(
@@ -213,8 +213,8 @@ class _Driver:
         return changed
 
     def _apply(self, match: Match, context: ModelContext) -> list[ir.Node] | None:
-        self.history.append(match.rule.name)
         signature = match.signature()
+        state = None
         if signature in self.signatures:
             # The same rule on the same inputs again: progress (a chain shrinking)
             # or a cycle. A local state seen before, in a graph of the same size,
@@ -229,15 +229,17 @@ class _Driver:
                     "rules oscillate (they undo each other's rewrites): " + ", ".join(involved)
                 )
                 return None
-            self.states[state] = len(self.history) - 1
-        self.signatures.add(signature)
         if self.report.rewrites >= self.max_rewrites:
             self.report.stopped = f"rewrite cap reached ({self.max_rewrites})"
             return None
         try:
             created = apply_match(match, context, self.names)
         except Blocked:
-            return None
+            return None  # nothing changed: not part of any cycle
+        self.history.append(match.rule.name)
+        self.signatures.add(signature)
+        if state is not None:
+            self.states[state] = len(self.history) - 1
         self._add_opset_imports(match.rule, created)
         self.report.rewrites += 1
         return self.folder.fold_nodes(created)

@@ -128,7 +128,10 @@ def _make_attribute(
     if value is ABSENT or value is None:
         return None  # an unset attribute stays unset, as in ONNX functions
     attr_type = _attribute_type(domain, op_type, opset, name, spec.attr_type)
-    return _convert(name, value, attr_type)
+    try:
+        return _convert(name, value, attr_type)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise Blocked(f"{op_type}.{name} cannot hold {value!r}: {exc}") from None
 
 
 def _attribute_type(domain: str, op_type: str, opset: int, name: str, written: int) -> int:
@@ -152,7 +155,7 @@ def _convert(name: str, value: Any, attr_type: int) -> ir.Attr:
         return ir.AttrInt64s(name, [int(v) for v in _as_list(value)])
     if attr_type == kind.STRINGS:
         return ir.AttrStrings(name, [str(v) for v in _as_list(value)])
-    if attr_type == kind.TENSOR:
+    if attr_type == kind.TENSOR or isinstance(value, np.ndarray):
         return ir.AttrTensor(name, ir.tensor(np.asarray(value)))
     return ir.convenience.convert_attribute(name, value)
 

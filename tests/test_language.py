@@ -1043,3 +1043,45 @@ def test_absent_optional_variable_cannot_feed_a_required_input():
     assert report.rules["negate-bias"].applied == 0
     report, _ = optimize_proto(_conv_model(True), rules, max_rewrites=1)
     assert report.rules["negate-bias"].applied == 1
+
+
+def test_a_variable_cannot_bind_a_value_computed_inside_the_match():
+    text = """
+rules:
+  - name: add-self-relu
+    source: |
+      f (X, Z) => (Y) {
+        C = Neg(X)
+        S = Add(C, Z)
+        Y = Relu(S)
+      }
+    target: |
+      f (X, Z) => (Y) {
+        C = Neg(X)
+        S = Sub(Z, X)
+        Y = Relu(S)
+      }
+"""
+    nodes = [
+        helper.make_node("Neg", ["x"], ["c"], name="n"),
+        helper.make_node("Add", ["c", "c"], ["s"], name="a"),
+        helper.make_node("Relu", ["s"], ["y"], name="r"),
+    ]
+    model = make_model(nodes, [tensor_input("x", X4)], [tensor_input("y", X4)])
+    report, result = optimize_proto(model, rules_from_text(text))
+    assert report.rules["add-self-relu"].applied == 0
+    assert_same_outputs(model, result)
+
+
+@pytest.mark.parametrize(
+    ("guard", "message"),
+    [
+        ("-" * 200 + "1", "nested"),
+        ("1 + " * 2000 + "1", "longer than"),
+    ],
+)
+def test_pathological_guards_are_refused(guard, message):
+    from onnxfuse.errors import RuleError
+
+    with pytest.raises(RuleError, match=message):
+        rules_from_text(RELU_RELU + f"    where: '{guard}'\n")

@@ -19,6 +19,9 @@ import onnx_ir as ir
 # Results larger than this are refused: a guard must stay cheap to evaluate.
 _MAX_SEQUENCE = 10_000
 _MAX_VALUE_ELEMENTS = 4096
+# The interpreter recurses over the tree: keep it far from Python's limit.
+_MAX_DEPTH = 60
+_MAX_EXPRESSION_CHARS = 4000
 
 
 class GuardSyntaxError(Exception):
@@ -111,6 +114,17 @@ def _value(ref: Any) -> Any:
         raise GuardUnknown(f"value({ref.name}): too large to inspect ({tensor.size} elements)")
     array = tensor.numpy()
     return array.item() if array.ndim == 0 else array.tolist()
+
+
+def _scalar(ref: Any) -> Any:
+    """The single value of a one-element constant, whatever its rank."""
+    value = _need(ref, "scalar")
+    tensor = constant_tensor(value, ref.ir_version)
+    if tensor is None:
+        raise GuardUnknown(f"scalar({ref.name}): not a constant")
+    if tensor.size != 1:
+        raise GuardUnknown(f"scalar({ref.name}): {tensor.size} elements, not one")
+    return tensor.numpy().reshape(-1)[0].item()
 
 
 def _numel(ref: Any) -> int:
@@ -209,6 +223,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {
     "numel": (_numel, 1, 1),
     "is_constant": (_is_constant, 1, 1),
     "value": (_value, 1, 1),
+    "scalar": (_scalar, 1, 1),
     "all_equal": (_all_equal, 2, 2),
     "all_finite": (_all_finite, 1, 1),
     "dtype_name": (_dtype_name_of, 1, 1),
@@ -304,10 +319,16 @@ def parse_guard(text: str, known_names: set[str]) -> Guard:
     """Parse and check an expression; raise GuardSyntaxError naming the problem."""
     if not isinstance(text, str) or not text.strip():
         raise GuardSyntaxError("a guard must be a non-empty expression string")
+    if len(text) > _MAX_EXPRESSION_CHARS:
+        raise GuardSyntaxError(f"expression longer than {_MAX_EXPRESSION_CHARS} characters")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise GuardSyntaxError(f"invalid expression {text!r}: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise GuardSyntaxError("expression nested too deeply") from None
+    if _depth(tree) > _MAX_DEPTH:
+        raise GuardSyntaxError(f"expression nested deeper than {_MAX_DEPTH} levels")
     # Names bound by comprehensions (`[a + b for a, b in zip(p, q)]`) are local.
     local_names = {
         n.id
@@ -336,6 +357,15 @@ def parse_guard(text: str, known_names: set[str]) -> Guard:
         ):
             raise GuardSyntaxError(f"literal {node.value!r} is not allowed in a guard")
     return Guard(text=text.strip(), tree=tree)
+
+
+def _depth(node: ast.AST) -> int:
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        current, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(current))
+    return deepest
 
 
 def _simple_target(target: ast.AST) -> bool:

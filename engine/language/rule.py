@@ -77,6 +77,8 @@ def parse_pattern_text(
             f"{role}: syntax error in pattern: {message}",
             None if line is None else line - 1 + offset,
         ) from None
+    except (RuntimeError, ValueError) as exc:  # e.g. a float literal out of range
+        raise RuleDefinitionError(f"{role}: invalid pattern: {exc}", first_line) from None
     node_lines = _node_lines(full, function, offset)
     try:
         return compile_function(function, role=role, commutative=commutative, node_lines=node_lines)
