@@ -55,9 +55,13 @@ class FoldContext:
 class Folder:
     """Folds nodes in place; keeps a counter of how many it folded."""
 
-    def __init__(self, context: FoldContext, names: NameSource):
+    def __init__(
+        self, context: FoldContext, names: NameSource, function_graphs: frozenset[int] = frozenset()
+    ):
         self.context = context
         self.names = names
+        # Function bodies cannot hold initializers: constants there stay Constant nodes.
+        self.function_graphs = function_graphs
         self.folded = 0
 
     def fold_graph(self, graph: ir.Graph | ir.Function) -> None:
@@ -78,6 +82,9 @@ class Folder:
             return False
         if any(o.is_graph_output() for o in node.outputs):
             return False
+        in_function = id(graph) in self.function_graphs
+        if in_function and node.op_type == "Constant":
+            return False
         results = self._shape_result(node)
         if results is None:
             results = self._castlike_result(node)
@@ -93,7 +100,10 @@ class Folder:
         if sum(r.nbytes for r in results) > self.context.limit_bytes:
             return False
         for output, array in zip(node.outputs, results):
-            self._replace_with_initializer(graph, output, array)
+            if in_function:
+                self._replace_with_constant_node(node, output, array)
+            else:
+                self._replace_with_initializer(graph, output, array)
         graph.remove(node, safe=True)
         self.folded += 1
         return True
@@ -197,6 +207,18 @@ class Folder:
         if isinstance(graph, ir.Function):
             graph = graph.graph
         graph.register_initializer(value)
+        old.replace_all_uses_with(value)
+
+    def _replace_with_constant_node(self, node: ir.Node, old: ir.Value, array: np.ndarray) -> None:
+        name = self.names.fresh(old.name or "folded")
+        tensor = ir.tensor(array, name=name)
+        constant = ir.Node(
+            "", "Constant", [], [ir.AttrTensor("value", tensor)], name=self.names.fresh(name)
+        )
+        value = constant.outputs[0]
+        value.name, value.type, value.shape = name, ir.TensorType(tensor.dtype), tensor.shape
+        assert node.graph is not None
+        node.graph.insert_before(node, constant)
         old.replace_all_uses_with(value)
 
 

@@ -301,9 +301,15 @@ def normalize(
     _adopt_ir4_initializers(model)
     common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     _infer_shapes(model)
+    function_graphs = frozenset(
+        id(g)
+        for function in model.functions.values()
+        for g in (function.graph, *function.graph.subgraphs())
+    )
     folder = Folder(
         FoldContext(model.ir_version or 10, dict(model.opset_imports), fold_limit_bytes),
         names or NameSource(model),
+        function_graphs,
     )
     for graph in all_graphs(model):
         folder.fold_graph(graph)
