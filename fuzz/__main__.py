@@ -1,0 +1,263 @@
+"""Command line: ``python -m fuzz graphs|rules|replay ...`` (run from the repository root).
+
+Progress goes to stderr; the last line on stdout is ``N passed, M failed``.
+Exit status: 0 if nothing failed (or, without --strict, only failures the
+corpus already lists as xfail), 1 otherwise, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from fuzz import corpus
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    graphs = sub.add_parser("graphs", help="differential graph fuzzing against onnxruntime")
+    graphs.add_argument("--iterations", type=int, default=100, help="models to check")
+    graphs.add_argument("--seed", type=int, default=0)
+    graphs.add_argument(
+        "--target", action="append", help="target(s) to optimize for (default: every built-in)"
+    )
+    graphs.add_argument("--jobs", type=int, default=1, help="worker processes")
+    graphs.add_argument("--max-steps", type=int, default=8, help="steps per generated model")
+    graphs.add_argument("--chunk-size", type=int, default=None, help=argparse.SUPPRESS)
+    _common(graphs)
+
+    rules = sub.add_parser("rules", help="mutate rule files: clear errors, no crash, no hang")
+    rules.add_argument("--iterations", type=int, default=200, help="mutants to try")
+    rules.add_argument("--seed", type=int, default=0)
+    rules.add_argument("--timeout", type=float, default=10.0, help="seconds per mutant")
+    rules.add_argument(
+        "--no-apply", action="store_true", help="only load valid mutants, do not optimize with them"
+    )
+    _common(rules)
+
+    replay = sub.add_parser("replay", help="check corpus cases again and say what happens")
+    replay.add_argument("paths", nargs="*", help="sidecar .json files (default: the corpus)")
+
+    args = parser.parse_args(argv)
+    # On SIGTERM, unwind normally: the worker pool is terminated on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.command == "replay":
+        return _replay(args)
+    if args.iterations < 0:
+        parser.error("--iterations must be >= 0")
+    command = "python -m fuzz " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    if args.command == "graphs":
+        return _graphs(args, parser, command)
+    return _rules(args, command)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--corpus", type=Path, default=corpus.CORPUS_DIR, help="where minimized failures go"
+    )
+    parser.add_argument("--no-save", action="store_true", help="do not write to the corpus")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 on any failure, even a known (xfail) one"
+    )
+    parser.add_argument(
+        "--shrink-seconds", type=float, default=120.0, help="time to shrink each new failure"
+    )
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class _Progress:
+    def __init__(self, label: str, total: int):
+        self.label = label
+        self.total = total
+        self.started = time.monotonic()
+        self.last = 0.0
+
+    def show(self, passed: int, failed: int, discarded: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < 2.0:
+            return
+        self.last = now
+        done = passed + failed
+        rate = 100.0 * discarded / max(1, done + discarded)
+        _say(
+            f"[{self.label}] {done}/{self.total}  passed {passed}  failed {failed}  "
+            f"discarded {discarded} ({rate:.1f}%)  {now - self.started:.0f}s"
+        )
+
+
+def _graphs(args, parser, command: str) -> int:
+    from fuzz import graph_runner
+    from onnxfuse.targets import builtin_target_names
+
+    known_targets = builtin_target_names()
+    targets = args.target or known_targets
+    for name in targets:
+        if name not in known_targets:
+            parser.error(f"unknown target '{name}' (known: {', '.join(known_targets)})")
+    corpus_dir = None if args.no_save else args.corpus
+    chunk_size = args.chunk_size or graph_runner.CHUNK_SIZE
+    chunks = [
+        (k, min(chunk_size, args.iterations - k * chunk_size))
+        for k in range(math.ceil(args.iterations / chunk_size))
+    ]
+    progress = _Progress("graphs " + ",".join(targets), args.iterations)
+    total = graph_runner.Tally()
+    _say(
+        f"graph fuzzing: {args.iterations} models, seed {args.seed}, targets {', '.join(targets)}, "
+        f"{len(chunks)} chunk(s), {args.jobs} job(s)"
+    )
+    jobs = [
+        (
+            args.seed,
+            k,
+            size,
+            tuple(targets),
+            corpus_dir,
+            args.max_steps,
+            args.shrink_seconds,
+            command,
+        )
+        for k, size in chunks
+    ]
+    if args.jobs <= 1:
+        for job in jobs:
+            base = graph_runner.Tally()
+            base.merge(total)
+
+            def show(t, base=base):
+                progress.show(
+                    base.passed + t.passed, base.failed + t.failed, base.discarded + t.discarded
+                )
+
+            total.merge(graph_runner.run_job(job, show))
+            _report_new(total)
+    else:
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(args.jobs) as pool:
+            for tally in pool.imap_unordered(graph_runner.run_job, jobs):
+                total.merge(tally)
+                _report_new(total)
+                progress.show(total.passed, total.failed, total.discarded, force=True)
+    progress.show(total.passed, total.failed, total.discarded, force=True)
+    _graph_summary(total, targets, args)
+    print(f"{total.passed} passed, {total.failed} failed", flush=True)
+    return _exit_status(total.failures, corpus.xfail_signatures(args.corpus, "graph"), args.strict)
+
+
+_reported: set[str] = set()
+
+
+def _report_new(total) -> None:
+    for path in total.saved:
+        if path not in _reported:
+            _reported.add(path)
+            _say(f"  new failure saved: {path}")
+
+
+def _graph_summary(total, targets, args) -> None:
+    done = total.passed + total.failed
+    rate = 100.0 * total.discarded / max(1, done + total.discarded)
+    _say(
+        f"discarded {total.discarded} generated models ({rate:.1f}%); "
+        f"{total.duplicates} duplicates skipped"
+    )
+    for reason, count in total.discard_reasons.most_common(5):
+        _say(f"  {count:5d}  {reason}")
+    from fuzz.oracle import builtin_rules, target
+
+    for name in targets:
+        fired = total.fired.get(name, {})
+        gated = [
+            r.name
+            for r in builtin_rules()
+            if target(name).unsupported_ops(r, set(), {"": 17, "com.microsoft": 1})
+        ]
+        never = [r.name for r in builtin_rules() if not fired.get(r.name) and r.name not in gated]
+        _say(
+            f"rules fired for target {name}: {sum(fired.values())} rewrites, "
+            f"{len(fired)} distinct rules; never fired: {', '.join(never) or 'none'}"
+        )
+    for signature, count in total.failures.most_common():
+        _say(f"  failure x{count}: {signature}")
+    for note in total.notes:
+        _say(f"  note: {note}")
+
+
+def _exit_status(failures, xfail: set[str], strict: bool) -> int:
+    if not failures:
+        return 0
+    unknown = [s for s in failures if s not in xfail]
+    if strict or unknown:
+        return 1
+    _say("every failure is a known bug (xfail in the corpus); exit status 0 (use --strict)")
+    return 0
+
+
+def _rules(args, command: str) -> int:
+    from fuzz import rules as rule_fuzzer
+
+    progress = _Progress("rules", args.iterations)
+    corpus_dir = None if args.no_save else args.corpus
+    _say(f"rule fuzzing: {args.iterations} mutants, seed {args.seed}, timeout {args.timeout}s")
+    tally = rule_fuzzer.run(
+        iterations=args.iterations,
+        fuzz_seed=args.seed,
+        timeout=args.timeout,
+        corpus_dir=corpus_dir,
+        apply=not args.no_apply,
+        shrink_seconds=args.shrink_seconds,
+        progress=lambda t: progress.show(t.passed, t.failed, 0),
+        command=command,
+    )
+    progress.show(tally.passed, tally.failed, 0, force=True)
+    _say(
+        f"mutants: {tally.errors} rejected with a clear error, {tally.valid} valid "
+        f"({tally.applied} applied to models)"
+    )
+    for path in tally.saved:
+        _say(f"  new failure saved: {path}")
+    for signature, count in tally.failures.most_common():
+        _say(f"  failure x{count}: {signature}")
+    print(f"{tally.passed} passed, {tally.failed} failed", flush=True)
+    return _exit_status(tally.failures, corpus.xfail_signatures(args.corpus, "rule"), args.strict)
+
+
+def _replay(args) -> int:
+    from fuzz import graph_runner
+    from fuzz import rules as rule_fuzzer
+
+    wanted = {Path(p).resolve() for p in args.paths}
+    chosen = corpus.entries()
+    if wanted:
+        found = {e.sidecar.resolve(): e for p in wanted for e in corpus.entries(p.parent)}
+        chosen = [found[p] for p in sorted(wanted) if p in found]
+    failed = 0
+    for entry in chosen:
+        if entry.kind == "graph":
+            outcome = graph_runner.replay_entry(entry)
+            ok = not outcome.failed
+            detail = "passes" if ok else f"{outcome.kind}: {outcome.message}"
+        else:
+            problem = rule_fuzzer.replay_entry(entry)
+            ok = problem is None
+            detail = "passes" if ok else problem
+        failed += not ok
+        xfail = f" (xfail: {entry.xfail})" if entry.xfail else ""
+        print(f"{entry.sidecar.name}: {detail}{xfail}")
+    print(f"{len(chosen) - failed} passed, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,482 @@
+"""The differential oracle: optimize a model for a target, run both in onnxruntime, compare.
+
+A model onnxruntime cannot check or run *before* optimization is the
+generator's fault: ``validate`` says so (a discard, not a finding). After
+optimization anything else is a failure of onnxfuse: a crash (any exception),
+an error on a valid model, a rewrite stopped by a cap or an oscillation, a
+result that fails onnx's full checker, changed graph input/output names, a
+model onnxruntime cannot load or run, or outputs that differ beyond the
+per-dtype tolerances of tests/helpers.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import signal
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ort.set_default_logger_severity(4)
+OPTIMIZE_TIMEOUT_SECONDS = 60.0
+_FEEDS_PER_CASE = ("normal", "special")
+
+
+@functools.cache
+def tolerances() -> dict[np.dtype, tuple[float, float]]:
+    """The per-dtype (rtol, atol) of tests/helpers.py: one source of truth."""
+    path = REPO_ROOT / "tests" / "helpers.py"
+    spec = importlib.util.spec_from_file_location("_onnxfuse_test_helpers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.TOLERANCES)
+
+
+@functools.cache
+def builtin_rules() -> tuple:
+    from onnxfuse.api import select_rules
+
+    return tuple(select_rules())
+
+
+@functools.cache
+def target(name: str):
+    from onnxfuse.targets import load_target
+
+    return load_target(name)
+
+
+@dataclass
+class Outcome:
+    """What happened to one model for one target."""
+
+    status: str  # "pass", "discard" or "fail"
+    kind: str = ""  # failure kind: crash, error, stopped, checker, interface, ort-load, ...
+    message: str = ""
+    where: str = ""  # for crashes: exception type and innermost onnxfuse frame
+    applied: list[str] = field(default_factory=list)  # rules that fired
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+    def same_failure(self, other: Outcome) -> bool:
+        return self.failed and other.failed and (self.kind, self.where) == (other.kind, other.where)
+
+
+# -- feeds ---------------------------------------------------------------------------
+
+
+def make_feeds(
+    model: onnx.ModelProto,
+    seed: int,
+    special: bool,
+    override: bool = False,
+    overridable: Sequence[str] = (),
+) -> dict[str, np.ndarray]:
+    """Inputs for every graph input; NaN/inf/-0.0 in float inputs if ``special``;
+    other values for initializers that are graph inputs if ``override``."""
+    rng = np.random.default_rng(seed)
+    initializers = {t.name: t for t in model.graph.initializer}
+    feeds: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        tensor_type = value.type.tensor_type
+        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        if value.name in initializers:
+            if not override or value.name not in overridable:
+                continue
+            base = numpy_helper.to_array(initializers[value.name])
+            noise = rng.standard_normal(base.shape) * 0.5 + 0.25
+            feeds[value.name] = np.asarray(base + noise).astype(dtype)
+            continue
+        shape = [
+            d.dim_value if d.HasField("dim_value") else int(d.dim_param.rsplit("_", 1)[-1])
+            for d in tensor_type.shape.dim
+        ]
+        if np.issubdtype(dtype, np.floating):
+            array = rng.standard_normal(shape).astype(dtype)
+            if special and array.size:
+                flat = array.reshape(-1)
+                count = max(1, flat.size // 6)
+                where = rng.choice(flat.size, size=count, replace=False)
+                values = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0], dtype=dtype)
+                flat[where] = values[rng.integers(0, len(values), size=count)]
+                array = flat.reshape(shape)
+        elif dtype == np.bool_:
+            array = np.asarray(rng.random(shape) > 0.5)
+        else:
+            array = rng.integers(-3, 4, shape).astype(dtype)
+        feeds[value.name] = np.asarray(array)
+    return feeds
+
+
+def feeds_for(case) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """The feed sets one case runs with: random normal, and special values if drawn."""
+    result = [
+        (
+            "normal",
+            make_feeds(case.model, case.feed_seed, False, case.override, case.overridable),
+        )
+    ]
+    if case.special:
+        result.append(
+            (
+                "special",
+                make_feeds(case.model, case.feed_seed + 1, True, case.override, case.overridable),
+            )
+        )
+    return result
+
+
+# -- running -------------------------------------------------------------------------
+
+
+def session(model_bytes: bytes) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+
+
+def run_all(model_bytes: bytes, feed_sets) -> list[list[np.ndarray]]:
+    sess = session(model_bytes)
+    return [[np.asarray(o) for o in sess.run(None, feeds)] for _, feeds in feed_sets]
+
+
+def reference_outputs(model: onnx.ModelProto, feed_sets) -> list[list[np.ndarray]]:
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(model)
+    return [[np.asarray(o) for o in evaluator.run(None, feeds)] for _, feeds in feed_sets]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return f"{type(exc).__name__}: {text.splitlines()[0][:400]}"
+
+
+def _crash_site(exc: BaseException) -> str:
+    """Exception type and the innermost frame inside onnxfuse (or the innermost frame)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    chosen = None
+    for frame in frames:
+        if "/engine/" in frame.filename or "/onnxfuse/" in frame.filename:
+            chosen = frame
+    if chosen is None and frames:
+        chosen = frames[-1]
+    if chosen is None:
+        return type(exc).__name__
+    return f"{type(exc).__name__}@{Path(chosen.filename).name}:{chosen.name}"
+
+
+class _Timeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise _Timeout after ``seconds`` (main thread only; elsewhere no limit)."""
+
+    def handler(signum, frame):
+        raise _Timeout()
+
+    try:
+        previous = signal.signal(signal.SIGALRM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# -- checking ------------------------------------------------------------------------
+
+
+@dataclass
+class Original:
+    """A model that passed validation, with its outputs on each feed set."""
+
+    model: onnx.ModelProto
+    feed_sets: list
+    outputs: list[list[np.ndarray]]
+    tolerances: list[tuple[float, float]]
+
+
+_FLOAT_TYPES = (
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.BFLOAT16,
+)
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    graphs: list[onnx.GraphProto] = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            graphs.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            graphs.extend(attr.graphs)
+    return graphs
+
+
+def output_tolerances(model: onnx.ModelProto) -> list[tuple[float, float]]:
+    """Per graph output, the tolerance of the least precise float type it is computed in.
+
+    A float32 result cast to float64 carries float32 rounding: it is compared
+    with the float32 tolerance, not the float64 one.
+    """
+    table = tolerances()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        inferred = model
+    types: dict[str, int] = {}
+
+    def collect(graph: onnx.GraphProto) -> None:
+        for info in (*graph.input, *graph.output, *graph.value_info):
+            types[info.name] = info.type.tensor_type.elem_type
+        for init in graph.initializer:
+            types[init.name] = init.data_type
+        for node in graph.node:
+            for sub in _subgraphs(node):
+                collect(sub)
+
+    collect(inferred.graph)
+    producers: dict[str, onnx.NodeProto] = {}
+
+    def index(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            for out in node.output:
+                producers[out] = node
+            for sub in _subgraphs(node):
+                index(sub)
+
+    index(inferred.graph)
+    memo: dict[str, frozenset[int]] = {}
+
+    def ancestry(name: str) -> frozenset[int]:
+        if name in memo:
+            return memo[name]
+        memo[name] = frozenset()  # cycle guard
+        found = {types.get(name, 0)}
+        node = producers.get(name)
+        if node is not None:
+            names = list(node.input)
+            for sub in _subgraphs(node):
+                names += [o.name for o in sub.output]
+            for other in names:
+                if other:
+                    found |= ancestry(other)
+        memo[name] = frozenset(found)
+        return memo[name]
+
+    result = []
+    for output in model.graph.output:
+        candidates = [(0.0, 0.0)]
+        for elem in ancestry(output.name):
+            if elem in _FLOAT_TYPES:
+                dtype = helper.tensor_dtype_to_np_dtype(elem)
+                candidates.append(table.get(np.dtype(dtype), (0.0, 0.0)))
+        result.append(max(candidates))
+    return result
+
+
+def validate(model: onnx.ModelProto, feed_sets) -> Original | Outcome:
+    """The unoptimized model must pass the checker and run: else it is a discard."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:
+        return Outcome("discard", "checker", _first_line(exc))
+    try:
+        outputs = run_all(model.SerializeToString(), feed_sets)
+    except Exception as exc:
+        return Outcome("discard", "ort", _first_line(exc))
+    return Original(model, feed_sets, outputs, output_tolerances(model))
+
+
+def check(original: Original, target_name: str, rules: Sequence | None = None) -> Outcome:
+    """Optimize for ``target_name`` with ``rules`` (default: the built-in packs); compare."""
+    from onnxfuse.errors import OnnxfuseError
+    from onnxfuse.optimizer import Options, optimize
+
+    rules = list(builtin_rules() if rules is None else rules)
+    model = ir.from_proto(original.model)
+    applied: list[str] = []
+    try:
+        with time_limit(OPTIMIZE_TIMEOUT_SECONDS):
+            report = optimize(model, rules, Options(target=target(target_name)))
+    except _Timeout:
+        return Outcome("fail", "hang", f"optimize did not finish in {OPTIMIZE_TIMEOUT_SECONDS}s")
+    except OnnxfuseError as exc:
+        return Outcome("fail", "error", _first_line(exc), type(exc).__name__)
+    except Exception as exc:
+        return Outcome("fail", "crash", _first_line(exc), _crash_site(exc))
+    applied = sorted(name for name, stats in report.rules.items() if stats.applied)
+    outcome = _check_result(original, model, target_name, applied)
+    if outcome.failed or not report.stopped:
+        return outcome
+    # An early stop leaves a valid model; it is reported once the result passed every check.
+    return Outcome("fail", "stopped", report.stopped, _stop_reason(report.stopped), applied)
+
+
+def _check_result(
+    original: Original, model: ir.Model, target_name: str, applied: list[str]
+) -> Outcome:
+    """The optimized model must pass the checker, keep its interface and match numerically."""
+    from onnxfuse.errors import OnnxfuseError
+    from onnxfuse.model_io import check_model
+
+    try:
+        check_model(model)
+    except OnnxfuseError as exc:
+        return Outcome("fail", "checker", _first_line(exc), "", applied)
+    except Exception as exc:
+        return Outcome("fail", "crash", _first_line(exc), _crash_site(exc), applied)
+    try:
+        proto = ir.serde.serialize_model(model)
+    except Exception as exc:
+        return Outcome("fail", "crash", _first_line(exc), _crash_site(exc), applied)
+    for kind in ("input", "output"):
+        before = [v.name for v in getattr(original.model.graph, kind)]
+        after = [v.name for v in getattr(proto.graph, kind)]
+        if kind == "input":  # initializers listed as inputs (IR < 4) may be dropped
+            inits = {t.name for t in original.model.graph.initializer}
+            before = [n for n in before if n not in inits or original.model.ir_version >= 4]
+            after = [n for n in after if n in before or original.model.ir_version >= 4]
+        if before != after:
+            message = f"graph {kind}s {before} became {after}"
+            return Outcome("fail", "interface", message, "", applied)
+    try:
+        outputs = run_all(proto.SerializeToString(), original.feed_sets)
+        expected = original.outputs
+    except Exception as exc:
+        message = _first_line(exc)
+        if target_name != "onnx" or "NOT_IMPLEMENTED" not in message:
+            kind = "ort-load" if "InferenceSession" in message or "Load" in message else "ort-run"
+            return Outcome("fail", kind, message, "", applied)
+        # The onnx target may use standard ops onnxruntime lacks a kernel for:
+        # compare both models with onnx's reference evaluator instead.
+        try:
+            expected = reference_outputs(original.model, original.feed_sets)
+            outputs = reference_outputs(proto, original.feed_sets)
+        except Exception as ref_exc:
+            message = f"{message}; reference: {_first_line(ref_exc)}"
+            return Outcome("fail", "ort-load", message, "", applied)
+    problem = compare(
+        outputs, expected, original.feed_sets, list(proto.graph.output), original.tolerances
+    )
+    if problem:
+        return Outcome("fail", "mismatch", problem, "", applied)
+    return Outcome("pass", applied=applied)
+
+
+def compare(actual_sets, expected_sets, feed_sets, outputs, output_tolerances) -> str | None:
+    """The first difference beyond tolerance, described; None if all outputs agree."""
+    for (label, _), actual, expected in zip(feed_sets, actual_sets, expected_sets):
+        if len(actual) != len(expected):
+            return f"{len(actual)} outputs, expected {len(expected)}"
+        for value, a, e, (rtol, atol) in zip(outputs, actual, expected, output_tolerances):
+            where = f"output '{value.name}' ({label} inputs)"
+            if a.shape != e.shape or a.dtype != e.dtype:
+                return f"{where}: {a.dtype}{list(a.shape)} != expected {e.dtype}{list(e.shape)}"
+            bad = ~_close(a, e, rtol, atol) if e.dtype.kind in "fc" else a != e
+            if np.any(bad):
+                index = tuple(int(i) for i in np.argwhere(bad)[0])
+                count = int(np.count_nonzero(bad))
+                return (
+                    f"{where}: {count} of {e.size} elements differ; at {list(index)} "
+                    f"got {a[index]!r}, expected {e[index]!r}"
+                )
+    return None
+
+
+def _close(a: np.ndarray, e: np.ndarray, rtol: float, atol: float) -> np.ndarray:
+    """Elementwise closeness; NaN equals NaN, inf equals inf of the same sign.
+
+    Near the end of the float range (within a factor 2**10 of the largest
+    value), a rewrite that reassociates a sum (a scale folded into weights)
+    moves where partial sums overflow: there, a huge value, an infinity and a
+    NaN (inf - inf) are all accepted for one another.
+    """
+    a64 = a.astype(np.float64)
+    e64 = e.astype(np.float64)
+    both_nan = np.isnan(a64) & np.isnan(e64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        close = np.abs(a64 - e64) <= atol + rtol * np.abs(e64)
+        limit = float(np.finfo(e.dtype).max) / 2**10
+        near_limit = (np.abs(a64) >= limit) | (np.abs(e64) >= limit)
+        overflowing = near_limit & (~np.isfinite(a64) | ~np.isfinite(e64) | (a64 * e64 > 0))
+    same_inf = np.isinf(a64) & np.isinf(e64) & (np.sign(a64) == np.sign(e64))
+    return both_nan | close | same_inf | overflowing
+
+
+# -- diagnosis -----------------------------------------------------------------------
+
+
+def diagnose(original: Original, target_name: str, failure: Outcome) -> str:
+    """The smallest set of rules that reproduces ``failure`` ('pipeline' for none)."""
+    rules = builtin_rules()
+    by_name = {r.name: r for r in rules}
+
+    def reproduces(names: Sequence[str]) -> bool:
+        outcome = check(original, target_name, [by_name[n] for n in names])
+        return outcome.same_failure(failure)
+
+    if reproduces([]):
+        return "pipeline"
+    candidates = list(failure.applied)
+    if failure.kind in ("crash", "hang", "error", "stopped") or not candidates:
+        candidates = [r.name for r in rules]
+    for name in candidates:
+        if reproduces([name]):
+            return name
+    if not reproduces(candidates):
+        return "unknown"
+    kept = list(candidates)
+    for name in list(kept):
+        trial = [n for n in kept if n != name]
+        if trial and reproduces(trial):
+            kept = trial
+    return "+".join(sorted(kept))
+
+
+def _stop_reason(message: str) -> str:
+    """'oscillate:<rules named>', 'rewrite-cap' or 'iteration-cap'."""
+    if "oscillate" in message:
+        return "oscillate:" + message.rsplit(":", 1)[-1].replace(" ", "")
+    if "rewrite cap" in message:
+        return "rewrite-cap"
+    if "iteration cap" in message:
+        return "iteration-cap"
+    return message[:40]
+
+
+def signature(failure: Outcome, culprit: str) -> str:
+    """What makes two failures the same bug: kind, culprit rules, and where it happened.
+
+    Early stops are told apart by what stopped them and the rules named (the
+    rules that reproduce them vary with the model around the cycle)."""
+    if failure.kind == "stopped":
+        return f"stopped:{failure.where}"
+    parts = [failure.kind, culprit]
+    if failure.where:
+        parts.append(failure.where)
+    return ":".join(parts)
