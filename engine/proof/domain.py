@@ -497,7 +497,7 @@ def latest_schema(domain: str, op_type: str):
 
 def _check_against_rule(rule: Rule, domain: Domain) -> None:
     variables = set(rule.sources[0].input_names())
-    reserved = {"opset", "dt"}
+    reserved = {"opset", "dt", "alternative"}
     seen: dict[str, str] = {}
     for kind, names in (
         ("a variable", variables),
@@ -506,7 +506,7 @@ def _check_against_rule(rule: Rule, domain: Domain) -> None:
     ):
         for name in names:
             if name in reserved:
-                raise _Invalid(f"'{name}' is reserved (the opset and the instance dtype)")
+                raise _Invalid(f"'{name}' is reserved (opset, dt and alternative are drawn first)")
             if name in seen:
                 raise _Invalid(f"'{name}' is both {seen[name]} and {kind}: rename one")
             seen[name] = kind

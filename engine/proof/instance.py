@@ -120,7 +120,7 @@ class Instance:
         parts = [f"opset {self.spec.opset}", f"dtype {self.dtype}"]
         if len(self.rule.sources) > 1:
             parts.append(f"source #{self.source_index + 1}")
-        shown = {k: v for k, v in self.draws.items() if k not in ("opset", "dt")}
+        shown = {k: v for k, v in self.draws.items() if k not in ("opset", "dt", "alternative")}
         if shown:
             parts.append(", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
         lines = ["; ".join(parts)]
@@ -173,7 +173,7 @@ class _Builder:
         source = rule.sources[source_index]
         opset = self.pick(domain.opsets)
         dtype = self.pick(domain.dtypes)
-        env: dict[str, Any] = {"opset": opset, "dt": dtype}
+        env: dict[str, Any] = {"opset": opset, "dt": dtype, "alternative": source_index}
         for name, spec in domain.dims.items():
             env[name] = draw(spec, env, self.drawer, f"dims.{name}")
         for name, spec in domain.attributes.items():
@@ -632,21 +632,42 @@ def build_model(
     known = {v.name: v for v in inferred.graph.output}
     known.update({v.name: v for v in inferred.graph.value_info})
     outputs = []
+    untyped_outputs = []
     for name in spec.outputs:
         found = known.get(name)
         if found is None or not found.type.tensor_type.elem_type:
-            if check:
-                raise Reject(f"onnx cannot infer the type of output '{name}'")
+            untyped_outputs.append(name)
             found = helper.make_tensor_value_info(name, ONNX_TYPES[fallback_dtype], None)
         outputs.append(found)
     graph = helper.make_graph(nodes, "instance", inputs, outputs, initializers)
     model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
+    if untyped_outputs and check:
+        # onnx cannot type ops of other domains (com.microsoft): ask onnxruntime.
+        model = _typed_by_running(model, spec, untyped_outputs)
     if check:
         try:
             onnx.checker.check_model(model, full_check=True)
         except Exception as exc:
             raise Reject(f"the instance fails the ONNX checker: {_first_line(exc)}") from None
     return model
+
+
+def _typed_by_running(
+    model: onnx.ModelProto, spec: InstanceSpec, names: list[str]
+) -> onnx.ModelProto:
+    from onnxfuse.proof.runtime import ORT, Runner, RuntimeFailure
+
+    try:
+        results = Runner(ORT).run(model, make_feeds(spec, 0, sets=1))[0]
+    except RuntimeFailure as exc:
+        raise Reject(f"onnx cannot infer the type of output {names[0]!r} ({exc})") from None
+    typed = onnx.ModelProto()
+    typed.CopyFrom(model)
+    for value, result in zip(typed.graph.output, results):
+        if value.name in names:
+            code = helper.np_dtype_to_tensor_dtype(np.asarray(result).dtype)
+            value.CopyFrom(helper.make_tensor_value_info(value.name, code, list(result.shape)))
+    return typed
 
 
 def make_feeds(spec: InstanceSpec, seed: int, sets: int = 2) -> list[dict[str, np.ndarray]]:
