@@ -807,7 +807,7 @@ def pad_input(
     n = x.rank - 2
     begin = [0, 0, *spatial_pads[:n]]
     end = [0, 0, *spatial_pads[n:]]
-    if not same and b.flag(0.05):  # distractor: a pad on the channel axis
+    if not same and mode == "constant" and b.flag(0.05):  # distractor: a channel pad
         begin[1] = 1
     pads = b.ints(begin + end)
     inputs: list[Val | None] = [x, pads]
@@ -1036,14 +1036,14 @@ def fconst(b: Builder, value: float, dtype=F32) -> Val:
     return b.scalar(value, dtype, rank0=not b.flag(0.2))
 
 
-def transformer_input(b: Builder, min_rank: int = 1, max_rank: int = 3) -> Val:
+def transformer_input(b: Builder, min_rank: int = 1, max_rank: int = 3, dtypes=(F32,)) -> Val:
     return operand(
         b,
-        (F32,),
+        dtypes,
         min_rank,
         max_rank,
         pred=lambda v: v.shape[-1] <= 16 if v.rank else True,
-        make=lambda: b.new_input(F32, random_shape(b, b.int(min_rank, max_rank), 1, 4)),
+        make=lambda: b.new_input(dtypes[0], random_shape(b, b.int(min_rank, max_rank), 1, 4)),
     )
 
 
@@ -1122,9 +1122,16 @@ def s_quick_gelu(b: Builder, x: Val | None = None, same: bool = True) -> Val:
     return mul(b, x, g)
 
 
+def square(b: Builder, x: Val, by_pow: bool) -> Val:
+    if by_pow:
+        return b.op("Pow", [x, fconst(b, 2.0, x.dtype)], x.dtype, x.shape)
+    return mul(b, x, x, False)
+
+
 def s_layer_norm(b: Builder, x: Val | None = None, same: bool = True) -> Val:
     """Decomposed LayerNormalization / RMSNormalization, and the SkipLayerNorm sources."""
-    x = x or transformer_input(b, 1, 3)
+    x = x or transformer_input(b, 1, 3, (F32, F64) if b.flag(0.25) else (F32,))
+    dt = x.dtype
     if x.rank == 0:
         x = unsqueeze(b, x, [0])
     kind = b.choice(["layer", "rms", "skip"])
@@ -1132,28 +1139,22 @@ def s_layer_norm(b: Builder, x: Val | None = None, same: bool = True) -> Val:
     hidden = x.shape[-1]
     if kind == "skip" or b.flag(0.2):
         if b.flag(0.5):
-            bias = b.const(b.weights((hidden,), scale=1.0))
+            bias = b.const(b.weights((hidden,), dt, 1.0))
             x = add(b, x, bias)
         skip = b.pick(
-            lambda v: v.dtype == F32 and v.shape == x.shape and v.name != x.name, lambda: None
+            lambda v: v.dtype == dt and v.shape == x.shape and v.name != x.name, lambda: None
         )
-        skip = skip or b.new_input(F32, x.shape)
+        skip = skip or b.new_input(dt, x.shape)
         x = add(b, x, skip)
         b.share(x)
         if kind == "skip" and b.opset >= 17 and b.flag(0.6):
             axis = b.choice([-1, x.rank - 1]) if not b.flag(0.1) else 0
-            inputs = [
-                x,
-                b.const(
-                    b.weights((x.shape[axis % x.rank],) if axis == 0 else (hidden,), scale=1.0)
-                ),
-            ]
             norm_shape = x.shape[axis % x.rank :]
-            inputs = [x, b.const(b.weights(norm_shape, scale=1.0))]
+            inputs = [x, b.const(b.weights(norm_shape, dt, 1.0))]
             if b.flag(0.7):
-                inputs.append(b.const(b.weights(norm_shape, scale=1.0)))
+                inputs.append(b.const(b.weights(norm_shape, dt, 1.0)))
             eps = b.choice([None, 1e-5, 1e-12])
-            return b.op("LayerNormalization", inputs, F32, x.shape, axis=axis, epsilon=eps)
+            return b.op("LayerNormalization", inputs, dt, x.shape, axis=axis, epsilon=eps)
     axes = [-1] if b.flag(0.5) else [x.rank - 1]
     if b.flag(0.05) and x.rank > 1:
         axes = [0]  # distractor: not the last axis
@@ -1161,32 +1162,30 @@ def s_layer_norm(b: Builder, x: Val | None = None, same: bool = True) -> Val:
     def reduce_mean(v: Val) -> Val:
         return reduction(b, "ReduceMean", v, axes, keepdims=1)
 
-    eps = b.const(np.full(() if b.flag(0.6) else (1,), b.choice([1e-5, 1e-12, 1e-6]), np.float32))
+    eps = b.const(np.full(() if b.flag(0.6) else (1,), b.choice([1e-5, 1e-12, 1e-6]), dt))
     gamma = (
-        b.const(b.weights((hidden,), scale=1.0))
-        if not b.flag(0.08)
-        else b.new_input(F32, (hidden,))
+        b.const(b.weights((hidden,), dt, 1.0)) if not b.flag(0.08) else b.new_input(dt, (hidden,))
     )
     square_by_pow = b.flag(0.5)
     if kind == "rms":
-        p = b.op("Pow", [x, fconst(b, 2.0)], F32, x.shape) if square_by_pow else mul(b, x, x, False)
+        p = square(b, x, square_by_pow)
         v = reduce_mean(p)
-        s = b.op("Sqrt", [add(b, v, eps)], F32, v.shape)
+        s = b.op("Sqrt", [add(b, v, eps)], dt, v.shape)
         if b.flag(0.5):
-            n = b.op("Div", [x, s], F32, x.shape)
+            n = b.op("Div", [x, s], dt, x.shape)
         else:
-            n = mul(b, x, b.op("Reciprocal", [s], F32, s.shape))
+            n = mul(b, x, b.op("Reciprocal", [s], dt, s.shape))
         return mul(b, n, gamma)
     m = reduce_mean(x)
-    d = b.op("Sub", [x, m], F32, x.shape)
+    d = b.op("Sub", [x, m], dt, x.shape)
     b.share(d)
-    d2 = b.op("Sub", [x, m], F32, x.shape) if b.flag(0.3) else d
-    p = b.op("Pow", [d2, fconst(b, 2.0)], F32, x.shape) if square_by_pow else mul(b, d2, d2, False)
+    d2 = b.op("Sub", [x, m], dt, x.shape) if b.flag(0.3) else d
+    p = square(b, d2, square_by_pow)
     v = reduce_mean(p)
-    s = b.op("Sqrt", [add(b, v, eps)], F32, v.shape)
-    n = b.op("Div", [d, s], F32, x.shape)
+    s = b.op("Sqrt", [add(b, v, eps)], dt, v.shape)
+    n = b.op("Div", [d, s], dt, x.shape)
     g = mul(b, n, gamma)
-    beta = b.const(b.weights((hidden,), scale=1.0))
+    beta = b.const(b.weights((hidden,), dt, 1.0))
     return add(b, g, beta)
 
 
@@ -1603,6 +1602,14 @@ def assemble(b: Builder) -> onnx.ModelProto:
     if not outputs:
         source = b.input_vals[0] if b.input_vals else b.new_input(F32, (2, 3))
         outputs.append(b.op("Identity", [source], source.dtype, source.shape))
+    # Rarely, a graph input or an initializer that is itself a graph output.
+    if b.input_vals and b.flag(0.04):
+        outputs.append(b.input_vals[b.int(0, len(b.input_vals) - 1)])
+    constants = [t for t in b.inits if t.name not in b.overridable]
+    if constants and b.ir_version >= 4 and b.flag(0.03):
+        chosen = constants[b.int(0, len(constants) - 1)]
+        dtype = helper.tensor_dtype_to_np_dtype(chosen.data_type)
+        outputs.append(Val(chosen.name, np.dtype(dtype), tuple(chosen.dims)))
     graph_outputs = [
         helper.make_tensor_value_info(v.name, elem_type(v.dtype), list(v.shape)) for v in outputs
     ]
