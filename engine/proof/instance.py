@@ -292,7 +292,7 @@ class _Builder:
             name,
             var_dtype,
             dims,
-            "initializer" if constant else "input",
+            self.pick(["initializer", "initializer", "constant_node"]) if constant else "input",
             array,
             {} if constant else {i: s for i, s in symbols.items() if s in symbolic},
             spec.range,

@@ -327,7 +327,7 @@ def _boundary(instance: Instance, rng: np.random.Generator) -> list[Mutation]:
     constants = [
         name
         for name, tensor in instance.spec.tensors.items()
-        if tensor.variable and tensor.kind == "initializer"
+        if tensor.variable and tensor.kind in ("initializer", "constant_node")
     ]
     if constants:
         name = constants[int(rng.integers(len(constants)))]
