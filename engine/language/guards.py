@@ -22,6 +22,7 @@ _MAX_VALUE_ELEMENTS = 4096
 # The interpreter recurses over the tree: keep it far from Python's limit.
 _MAX_DEPTH = 60
 _MAX_EXPRESSION_CHARS = 4000
+_MAX_INT_BITS = 4096
 
 
 class GuardSyntaxError(Exception):
@@ -432,9 +433,21 @@ class _Evaluator:
         left, right = self.visit(node.left), self.visit(node.right)
         if isinstance(node.op, ast.Pow) and (not isinstance(right, (int, float)) or right > 64):
             raise GuardUnknown("exponent too large")
+        if (
+            isinstance(node.op, ast.Pow)
+            and isinstance(left, int)
+            and isinstance(right, int)
+            and abs(left) > 1
+            and left.bit_length() * right > _MAX_INT_BITS
+        ):
+            raise GuardUnknown("integer result too large")
         if isinstance(node.op, ast.Mult) and _is_sequence_repeat(left, right):
             raise GuardUnknown("sequence repetition is not allowed")
-        return _apply(_BINARY[type(node.op)], left, right)
+        result = _apply(_BINARY[type(node.op)], left, right)
+        # Nested arithmetic could otherwise build integers of billions of digits.
+        if isinstance(result, int) and result.bit_length() > _MAX_INT_BITS:
+            raise GuardUnknown("integer result too large")
+        return result
 
     def visit_Compare(self, node: ast.Compare) -> Any:
         left = self.visit(node.left)

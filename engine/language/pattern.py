@@ -131,13 +131,16 @@ def _constant_value(node: onnx.NodeProto) -> tuple[np.ndarray, bool]:
         raise PatternError(
             "a Constant in a source pattern must hold a literal value, not an attribute reference"
         )
-    value = attribute_value(attr)
     scalar = attr.name in _SCALAR_CONSTANT_ATTRS
-    if attr.name == "value_float" or attr.name == "value_floats":
-        return np.asarray(value, dtype=np.float32), scalar
-    if attr.name in ("value_int", "value_ints"):
-        return np.asarray(value, dtype=np.int64), scalar
-    return np.asarray(value), scalar
+    try:
+        value = attribute_value(attr)
+        if attr.name == "value_float" or attr.name == "value_floats":
+            return np.asarray(value, dtype=np.float32), scalar
+        if attr.name in ("value_int", "value_ints"):
+            return np.asarray(value, dtype=np.int64), scalar
+        return np.asarray(value), scalar
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise PatternError(f"Constant {attr.name}: not a literal value ({exc})") from None
 
 
 def compile_function(

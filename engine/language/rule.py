@@ -77,7 +77,7 @@ def parse_pattern_text(
             f"{role}: syntax error in pattern: {message}",
             None if line is None else line - 1 + offset,
         ) from None
-    except (RuntimeError, ValueError) as exc:  # e.g. a float literal out of range
+    except (RuntimeError, ValueError, IndexError) as exc:  # e.g. a literal out of range
         raise RuleDefinitionError(f"{role}: invalid pattern: {exc}", first_line) from None
     node_lines = _node_lines(full, function, offset)
     try:
