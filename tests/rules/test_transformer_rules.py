@@ -98,9 +98,10 @@ def test_gelu_erf_forms_fuse(form, scale):
 
 
 @pytest.mark.parametrize(("scale", "const"), [("div", 1.4142), ("mul", 0.7071)])
-def test_gelu_erf_rounded_constants_fuse(scale, const):
-    # The model's rounded constant differs from sqrt(2) by ~1e-5 relative: so do the outputs.
-    fires(gelu_erf(scale=scale, const=const), "ort-gelu-erf", rtol=1e-4, atol=1e-5)
+def test_gelu_erf_rounded_constants_do_not_fuse(scale, const):
+    # A rounded sqrt(2) is a different function: fusing it moved outputs by ~2e-5
+    # relative (the fuzzer found it amplified past tolerance by a normalization).
+    does_not_fire(gelu_erf(scale=scale, const=const), "ort-gelu-erf")
 
 
 @pytest.mark.parametrize(("scale", "const"), [("div", 1.5), ("mul", 0.5)])
