@@ -169,6 +169,32 @@ class _Shrinker:
         return oracle.check(original, record.target, chosen).same_failure(record.outcome)
 
 
+def _load_local_modules() -> None:
+    """Import every onnxfuse and fuzz module now.
+
+    Hypothesis draws some values from constants it finds in the local modules
+    loaded so far (sys.modules). Modules imported lazily during a run would
+    make the models of a chunk depend on what ran before it in the process:
+    with everything loaded up front, they depend on the seed (and the code) only.
+    """
+    import importlib
+    import pkgutil
+
+    import fuzz
+    import onnxfuse
+
+    names = ["onnxfuse.builtin_rules", "onnxfuse.builtin_targets"]
+    for package in (onnxfuse, fuzz):
+        names += [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+    for name in sorted(names):
+        if name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:
+            continue
+
+
 def run_chunk(
     fuzz_seed: int,
     chunk: int,
@@ -186,6 +212,7 @@ def run_chunk(
     New failures (signature not in ``known``, by default the corpus's) are
     shrunk and saved in ``corpus_dir``; without a corpus nothing is shrunk.
     """
+    _load_local_modules()
     tally = Tally()
     cache: dict[str, _Record] = {}
     if known is None:

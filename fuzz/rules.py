@@ -304,6 +304,10 @@ _SUBGRAPH_NODES = [
     "  Z = Constant<value = bool[1] {1}>()\n",
     "  Z, W2 = Split(X)\n",
     "  Z = Sum(X, X, X, X, X, X, X, X)\n",
+    "  Z = Transpose<perm = [99999999999999999999]>(X)\n",
+    "  Z = Softmax<axis = -99999999999999999999>(X)\n",
+    "  Z = LeakyRelu<alpha = 1e999>(X)\n",
+    "  Z = Cast<to = 999>(X)\n",
 ]
 _GUARDS = [
     "lambda x: x",
@@ -481,6 +485,11 @@ class Mutator:
             solid = [i for i, t in enumerate(tokens) if not t.isspace()]
             if not solid:
                 return pattern + rng.choice(_ONNX_WORDS)
+            numbers = [i for i in solid if re.match(r"\d", tokens[i])]
+            if numbers and rng.random() < 0.3:
+                i = rng.choice(numbers)
+                tokens[i] = rng.choice(_NUMBERS)
+                return "".join(tokens)
             i = rng.choice(solid)
             choice = rng.randrange(6)
             if choice == 0:
