@@ -1113,7 +1113,7 @@ def s_quick_gelu(b: Builder, x: Val | None = None, same: bool = True) -> Val:
         alpha = b.choice([1.702, 1.0, -0.5, 2.0])
         if b.flag(0.05):
             alpha = b.choice([np.inf, np.nan])  # distractor: not finite
-        shape = () if not b.flag(0.3) else (1,)
+        shape = () if x.rank == 0 or not b.flag(0.3) else (1,)
         if b.flag(0.05) and x.rank >= 1:
             shape = (x.shape[-1],)  # distractor: a per-channel alpha
         a = b.const(np.full(shape, alpha, dtype=np.float32))
@@ -1560,6 +1560,41 @@ def s_function(b: Builder, x: Val | None = None, same: bool = False) -> Val:
     return b.add(out, x.dtype, x.shape)
 
 
+def s_duplicate(b: Builder, x: Val | None = None, same: bool = False) -> Val:
+    """A second copy of an earlier node (same op, inputs and attributes), so that
+    common-subexpression elimination has work, sometimes followed by a rule source."""
+    values = {v.name: v for v in b.pool}
+    candidates = [
+        n
+        for n in b.nodes
+        if n.op_type not in ("Constant", "If", "Dropout")
+        and not n.domain
+        and len(n.output) == 1
+        and n.output[0] in values
+    ]
+    if not candidates:
+        return s_unary(b, x, same)
+    b.root.steps.append("duplicate")
+    original = candidates[-1 - b.int(0, len(candidates) - 1)]
+    copy = onnx.NodeProto()
+    copy.CopyFrom(original)
+    copy.output[0] = b.fresh("v")
+    copy.name = "" if b.root.unnamed_nodes else b.fresh(f"{original.op_type.lower()}_")
+    for name in copy.input:
+        if name:
+            b.root.uses[name] += 1
+    b.nodes.append(copy)
+    source = values[original.output[0]]
+    y = b.add(copy.output[0], source.dtype, source.shape)
+    if original.op_type == "Conv" and b.flag(0.5):
+        # Conv weights shared with the first copy; fold a BatchNormalization into this one.
+        m = y.shape[1]
+        params = [b.const(b.weights((m,), scale=1.0)) for _ in range(3)]
+        params.append(b.const((np.abs(b.weights((m,), scale=1.0)) + 0.1).astype(np.float32)))
+        return b.op("BatchNormalization", [y, *params], F32, y.shape)
+    return y
+
+
 # The step menu: rule sources first (they shrink towards the front), then plain ops.
 STEPS: list[tuple[str, Callable[..., Val], int]] = [
     ("conv_tail", s_conv_tail, 6),
@@ -1586,6 +1621,7 @@ STEPS: list[tuple[str, Callable[..., Val], int]] = [
     ("cast", s_cast, 2),
     ("if", s_if, 1),
     ("function", s_function, 1),
+    ("duplicate", s_duplicate, 1),
 ]
 _MENU = [name for name, _, weight in STEPS for _ in range(weight)]
 _BY_NAME = {name: fn for name, fn, _ in STEPS}
