@@ -27,7 +27,8 @@ def test_wrong_rule_fails_and_saves_a_counterexample(tmp_path, capsys):
         capsys, "check", str(WRONG_RULE), "--examples", "20", "--save-dir", str(save)
     )
     assert code == 1, out
-    assert "FAIL  gelu-as-sigmoid" in out and "numerics" in out
+    # Numerics is the usual first failure; which check trips first can vary.
+    assert "FAIL  gelu-as-sigmoid" in out
     saved = save / "gelu-as-sigmoid.onnx"
     onnx.checker.check_model(onnx.load(str(saved)), full_check=True)
     assert saved.stat().st_size < 10_000
