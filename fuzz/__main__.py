@@ -222,8 +222,8 @@ def _rules(args, command: str) -> int:
     )
     progress.show(tally.passed, tally.failed, 0, force=True)
     _say(
-        f"mutants: {tally.errors} rejected with a clear error, {tally.valid} valid "
-        f"({tally.applied} applied to models)"
+        f"mutants: {tally.errors} rejected with a clear error ({tally.without_line} of them "
+        f"without a line number), {tally.valid} valid ({tally.applied} applied to models)"
     )
     for path in tally.saved:
         _say(f"  new failure saved: {path}")

@@ -884,12 +884,12 @@ def s_pad_fold(b: Builder, x: Val | None = None, same: bool = False) -> Val:
     if into == "avgpool" and b.flag(0.5):
         attrs["count_include_pad"] = b.int(0, 1)
     dilations = [1] * n
-    if into == "avgpool" and b.opset >= 19 and b.flag(0.1):
+    if into == "avgpool" and not same and b.opset >= 19 and b.flag(0.1):
         dilations = [2 if 2 * (k - 1) + 1 <= d else 1 for k, d in zip(kernel, padded.shape[2:])]
         attrs["dilations"] = dilations
     spec = ConvSpec(kernel, strides, dilations, pool_pads, "NOTSET", 1, padded.shape[1])
     out = list(conv_out_shape(padded, spec))
-    if b.flag(0.1) and dilations == [1] * n:  # distractor for pad-avgpool-fold: ceil mode
+    if not same and b.flag(0.1) and dilations == [1] * n:  # distractor: ceil mode
         ceil = []
         for axis in range(n):
             size, k, step = padded.shape[2 + axis], kernel[axis], strides[axis]
