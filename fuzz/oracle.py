@@ -26,6 +26,8 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from fuzz.noise import NOISE_FACTOR, noise_floor
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ort.set_default_logger_severity(4)
 OPTIMIZE_TIMEOUT_SECONDS = 60.0
@@ -384,16 +386,37 @@ def _check_result(
         outputs, expected, original.feed_sets, list(proto.graph.output), original.tolerances
     )
     if problem:
+        problem = _beyond_rounding_noise(original, outputs, expected, list(proto.graph.output))
+    if problem:
         return Outcome("fail", "mismatch", problem, "", applied)
     return Outcome("pass", applied=applied)
 
 
-def compare(actual_sets, expected_sets, feed_sets, outputs, output_tolerances) -> str | None:
-    """The first difference beyond tolerance, described; None if all outputs agree."""
-    for (label, _), actual, expected in zip(feed_sets, actual_sets, expected_sets):
+def _beyond_rounding_noise(original: Original, outputs, expected, values) -> str | None:
+    """The mismatch that remains once the original's own rounding noise is allowed for."""
+    floors = noise_floor(original.model, lambda data: run_all(data, original.feed_sets))
+    allowance = None if floors is None else [[NOISE_FACTOR * f for f in s] for s in floors]
+    problem = compare(outputs, expected, original.feed_sets, values, original.tolerances, allowance)
+    return problem and f"{problem} (beyond {NOISE_FACTOR:g}x the original's rounding noise)"
+
+
+def compare(
+    actual_sets, expected_sets, feed_sets, outputs, output_tolerances, allowance=None
+) -> str | None:
+    """The first difference beyond tolerance, described; None if all outputs agree.
+
+    ``allowance``, per feed set and output, adds an elementwise absolute slack.
+    """
+    for set_index, ((label, _), actual, expected) in enumerate(
+        zip(feed_sets, actual_sets, expected_sets)
+    ):
         if len(actual) != len(expected):
             return f"{len(actual)} outputs, expected {len(expected)}"
-        for value, a, e, (rtol, atol) in zip(outputs, actual, expected, output_tolerances):
+        for out_index, (value, a, e, (rtol, atol)) in enumerate(
+            zip(outputs, actual, expected, output_tolerances)
+        ):
+            if allowance is not None:
+                atol = atol + allowance[set_index][out_index]
             where = f"output '{value.name}' ({label} inputs)"
             if a.shape != e.shape or a.dtype != e.dtype:
                 return f"{where}: {a.dtype}{list(a.shape)} != expected {e.dtype}{list(e.shape)}"
