@@ -11,13 +11,13 @@ from pathlib import Path
 import onnx_ir as ir
 
 from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
-from onnxfuse.language.packs import check_unique, load_builtin_rules, load_rules
+from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
 from onnxfuse.language.rule import Rule
 from onnxfuse.matcher import Matcher, ModelContext
 from onnxfuse.model_io import check_model, load_model, save_model
 from onnxfuse.naming import all_graphs
 from onnxfuse.optimizer import Options, Report, normalize, optimize
-from onnxfuse.targets import Target
+from onnxfuse.targets import Target, resolve_target
 
 
 def sample_model_path() -> Path:
@@ -29,10 +29,18 @@ def select_rules(
     extra: list[str | os.PathLike] | None = None,
     disable: list[str] | None = None,
     builtin: bool = True,
+    target: Target | str | None = None,
 ) -> list[Rule]:
-    """Built-in packs, then the user's rule files and pack folders, minus disabled rules."""
-    rules = load_builtin_rules() if builtin else []
-    rules += load_rules(list(extra or []))
+    """Built-in packs, then the user's rule files and pack folders, minus disabled rules.
+
+    With a ``target`` (a Target, a target name or a capability file), pack
+    manifests apply: a pack for other targets is left out, and an active pack
+    drops the packs it ``replaces`` and brings in those it ``extends``.
+    """
+    packs = load_builtin_packs() if builtin else []
+    packs += load_packs(list(extra or []))
+    target_name = resolve_target(target).name if target is not None else None
+    rules = [rule for pack in resolve_packs(packs, target_name) for rule in pack.rules]
     check_unique(rules)
     if disable:
         names = {r.name for r in rules}

@@ -33,6 +33,7 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from onnxfuse.planner.cli import add_plan_command
     from onnxfuse.proof.cli import add_check_command
+    from onnxfuse.targets_cli import add_targets_command
 
     parser = _Parser(
         prog="onnxfuse",
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rule_options(listing)
     listing.set_defaults(handler=_run_rules_list)
 
+    add_targets_command(sub)
     add_plan_command(sub)
     add_check_command(sub)
     return parser
@@ -109,12 +111,13 @@ def _run_optimize(args: argparse.Namespace) -> int:
     from onnxfuse.report import format_report
     from onnxfuse.targets import load_target
 
-    rules = api.select_rules(args.rules, args.disable, builtin=not args.no_builtin)
+    target = load_target(args.target)
+    rules = api.select_rules(args.rules, args.disable, builtin=not args.no_builtin, target=target)
     model_path = Path(args.model) if args.model else api.sample_model_path()
     if args.model is None and not args.quiet:
         print(f"No model given: optimizing the bundled sample model {model_path.name}")
     options = Options(
-        target=load_target(args.target),
+        target=target,
         max_iterations=args.max_iterations or DEFAULT_MAX_ITERATIONS,
         max_rewrites=args.max_rewrites,
         progress=None if args.quiet else _progress,
@@ -156,7 +159,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     from onnxfuse.targets import load_target
 
     target = load_target(args.target)
-    rules = api.select_rules(args.rules, builtin=not args.no_builtin)
+    rules = api.select_rules(args.rules, builtin=not args.no_builtin, target=target)
     chosen = [r for r in rules if r.name == args.rule]
     if not chosen:
         raise OnnxfuseError(f"no rule named '{args.rule}' (see `onnxfuse rules list`)")
@@ -177,7 +180,7 @@ def _run_explain(args: argparse.Namespace) -> int:
 def _run_rules_list(args: argparse.Namespace) -> int:
     from onnxfuse import api
 
-    rules = api.select_rules(args.rules, builtin=not args.no_builtin)
+    rules = api.select_rules(args.rules, builtin=not args.no_builtin, target=args.target)
     width = max((len(r.name) for r in rules), default=4)
     print(f"{'rule':<{width}}  {'pack':<10} benefit  description")
     for rule in rules:

@@ -391,22 +391,31 @@ class Matcher:
             except GuardUnknown as exc:
                 self._fail(f"let {let_name} cannot be computed: {exc}")
                 return None
+        copied = {
+            self.open_nodes[id(p)]: dict(state.nodes[p.index].attributes)
+            for p in source.nodes
+            if id(p) in self.open_nodes
+        }
         if self.target is not None:
             constants = {
                 name
                 for name, value in state.values.items()
                 if constant_tensor(value, self.context.ir_version) is not None
             }
-            missing = self.target.unsupported_ops(self.rule, constants, self.context.opsets)
+            missing = self.target.unsupported_ops(
+                self.rule,
+                constants,
+                self.context.opsets,
+                values=state.values,
+                outputs=outputs,
+                attrs={k: v for k, v in attrs.items() if v is not ABSENT},
+                copied=copied,
+                ir_version=self.context.ir_version,
+            )
             if missing:
                 self._fail(f"target '{self.target.name}' cannot run {', '.join(missing)}")
                 return None
         ordered = [state.nodes[p.index] for p in source.nodes]
-        copied = {
-            self.open_nodes[id(p)]: dict(state.nodes[p.index].attributes)
-            for p in source.nodes
-            if id(p) in self.open_nodes
-        }
         return Match(self.rule, source, ordered, dict(state.values), attrs, outputs, copied)
 
     def _guard_names(self, source: Pattern, state: _State) -> dict[str, Any]:

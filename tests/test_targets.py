@@ -1,13 +1,26 @@
-"""Capability files: the committed ones match their sources; gating uses them."""
+"""Capability files: the committed ones match their sources; loading, limits, gating facts."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import yaml
 
 from onnxfuse.errors import OnnxfuseError
-from onnxfuse.targets import builtin_target_names, builtin_targets_dir, load_target
-from onnxfuse.targets_gen import cpu_ops, onnx_target
+from onnxfuse.targets import (
+    Limits,
+    builtin_target_names,
+    builtin_targets_dir,
+    load_target,
+)
+from onnxfuse.targets_facts import NodeFacts, ValueFacts
+from onnxfuse.targets_gen import all_targets, cpu_ops, dump, onnx_target
+from onnxfuse.targets_gen_sources import PROVIDERS, SOURCES, builder_range, short_type
+
+REPO = Path(__file__).resolve().parent.parent
+NEW_TARGETS = [p.name for p in PROVIDERS]
 
 
 def test_cpu_target_agrees_with_the_installed_onnxruntime():
@@ -20,8 +33,70 @@ def test_onnx_target_is_generated():
     assert committed == onnx_target()
 
 
-def test_builtin_targets_are_listed():
-    assert {"cpu", "onnx"} <= set(builtin_target_names())
+@pytest.fixture(scope="module")
+def generated() -> dict[str, str]:
+    return {t["name"]: dump(t) for t in all_targets()}
+
+
+@pytest.mark.parametrize("name", NEW_TARGETS)
+def test_committed_target_is_what_the_generator_writes(name, generated):
+    committed = (builtin_targets_dir() / f"{name}.yaml").read_text(encoding="utf-8")
+    assert committed == generated[name], "regenerate with: python -m onnxfuse.targets_gen"
+
+
+def test_every_builtin_target_is_present():
+    assert set(builtin_target_names()) == {"cpu", "onnx", *NEW_TARGETS}
+    assert len(NEW_TARGETS) == 10  # with cpu and onnx: the twelve targets
+
+
+def test_sources_are_in_the_repository_with_their_provenance():
+    provenance = (SOURCES / "PROVENANCE.md").read_text(encoding="utf-8")
+    for provider in PROVIDERS:
+        source = json.loads((SOURCES / f"{provider.file}.json").read_text(encoding="utf-8"))
+        assert source["provider"] == provider.file
+        assert provider.file in provenance
+    assert (SOURCES / "fused_ops_matrix.txt").exists()
+
+
+def _matrix() -> dict[str, dict[str, list[str]]]:
+    """fused_ops_matrix.txt: provider -> supported fused op -> domains."""
+    rows: dict[str, dict[str, list[str]]] = {}
+    for line in (SOURCES / "fused_ops_matrix.txt").read_text().splitlines():
+        if "|" not in line:
+            continue
+        provider, listed = (part.strip() for part in line.split("|", 1))
+        rows[provider] = {}
+        for item in filter(None, (i.strip() for i in listed.split(","))):
+            op, domains = item.split(":")
+            rows[provider][op] = ["" if d == "ai.onnx" else d for d in domains.split("/")]
+    return rows
+
+
+@pytest.mark.parametrize("name", NEW_TARGETS)
+def test_fused_ops_agree_with_the_reference_matrix(name):
+    """Which fused ops each target lists is what the reference's own matrix says."""
+    provider = next(p for p in PROVIDERS if p.name == name).file
+    supported = _matrix()[provider]
+    target = load_target(name)
+    fused = {op for ops in _matrix().values() for op in ops} | {
+        "FusedConv",
+        "FusedGemm",
+        "SkipLayerNormalization",
+        "BiasGelu",
+        "FastGelu",
+    }
+    for op in sorted(fused):
+        for domain in ("", "com.microsoft"):
+            listed = (domain, op) in target.ops
+            expected = domain in supported.get(op, [])
+            assert listed == expected, f"{name}: {domain or 'ai.onnx'}::{op}"
+
+
+def test_cpu_lists_what_the_matrix_lists():
+    target = load_target("cpu")
+    for op, domains in _matrix()["CPUExecutionProvider"].items():
+        for domain in domains:
+            assert (domain, op) in target.ops, f"{domain}::{op}"
 
 
 @pytest.mark.parametrize(
@@ -31,12 +106,125 @@ def test_builtin_targets_are_listed():
         ("cpu", "com.microsoft", "FusedConv", 1, True),
         ("cpu", "", "Conv", 0, False),
         ("cpu", "vendor", "Magic", 1, False),
-        ("onnx", "", "Anything", 17, True),
+        ("onnx", "", "Relu", 17, True),
+        ("onnx", "", "Gelu", 17, False),  # a standard op only from opset 20
+        ("onnx", "", "Gelu", 20, True),
+        ("onnx", "", "Anything", 17, False),
         ("onnx", "com.microsoft", "FusedConv", 1, False),
+        ("coreml", "", "LayerNormalization", 17, True),
+        ("coreml", "com.microsoft", "SkipLayerNormalization", 1, False),
+        ("coreml", "", "Pad", 17, False),  # NeuralNetwork-only builder
+        ("nnapi", "", "LayerNormalization", 17, False),
+        ("qnn", "com.microsoft", "Gelu", 1, False),  # op-type lookup means ai.onnx only
+        ("qnn", "", "Gelu", 20, True),
+        ("tensorrt", "", "Relu", 20, True),
+        ("tensorrt", "", "Relu", 21, False),  # the parser's models: opset 9 to 20
+        ("tensorrt", "", "Relu", 8, False),
+        ("webnn", "com.microsoft", "SkipSimplifiedLayerNormalization", 1, True),
+        ("webnn", "com.microsoft", "SkipLayerNormalization", 1, False),
     ],
 )
 def test_supports(target, domain, op, opset, expected):
     assert load_target(target).supports(domain, op, opset) is expected
+
+
+def test_builder_opsets_are_the_model_opsets_of_the_schema_versions_in_range():
+    # Reshape: schema versions 1, 5, 13, 14, 19, 21, ... ; a builder for [5, 13]
+    # runs models of opset 5 to 13 (opset 14 resolves to Reshape-14).
+    assert builder_range("", "Reshape", 5, 13) == (5, 13)
+    # Gelu exists from opset 20: a builder minimum of 6 means 20.
+    assert builder_range("", "Gelu", 6, 25) == (20, None)
+    assert builder_range("", "Relu", 30, 40) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "short"),
+    [
+        ("tensor(float)", "float"),
+        ("tensor(uint8_t)", "uint8"),
+        ("tensor(MLFloat16)", "float16"),
+        ("INF64", "int64"),
+        ("seq(tensor(float))", "seq(tensor(float))"),
+        ("map(int64,tensor(float))", "map(int64,float)"),
+    ],
+)
+def test_source_type_spellings(raw, short):
+    assert short_type(raw) == short
+
+
+def test_kernel_types_the_schema_rejects_are_dropped():
+    # onnxruntime registers a double CPU kernel for SkipLayerNormalization, but the
+    # op's schema allows float, float16 and bfloat16 only: a double node fails to load.
+    (entry,) = load_target("cpu").ops[("com.microsoft", "SkipLayerNormalization")]
+    assert "double" not in entry.types["T"] and "float" in entry.types["T"]
+
+
+def test_builder_types_are_keyed_by_the_schema_type_variable():
+    # The sources write `T`; Cast's input is T1, QuantizeLinear's uint8 is its output T2.
+    (cast,) = load_target("nnapi").ops[("", "Cast")]
+    assert cast.types == {"T1": ["float"]}
+    (quantize,) = load_target("nnapi").ops[("", "QuantizeLinear")]
+    assert quantize.types == {"T2": ["uint8"]}
+
+
+def test_limits_from_the_sources_words():
+    (conv,) = load_target("coreml").ops[("", "Conv")]
+    assert conv.limits.spatial_dims == (1, 2) and conv.limits.input_constant == (2,)
+    assert "bias must be constant" in conv.notes
+    (gemm,) = load_target("coreml").ops[("", "Gemm")]
+    assert dict(gemm.limits.attributes)["transA"] == (0,)
+    assert all(s.limits.max_rank == 4 for ops in load_target("nnapi").ops.values() for s in ops)
+
+
+def _node(op="Conv", inputs=(), outputs=(), attributes=None, domain="", opset=17):
+    return NodeFacts(domain, op, opset, list(inputs), list(outputs), dict(attributes or {}))
+
+
+def test_limits_check_known_facts_only():
+    limits = Limits(
+        max_rank=4,
+        input_rank=((0, (3, 4)),),
+        input_constant=(1, 2),
+        attributes=(("transA", (0,)), ("alpha", (1.0,))),
+        max_outputs=1,
+    )
+    x4, w = ValueFacts("float", 4), ValueFacts("float", 4, constant=True)
+    assert limits.violation(_node("Gemm", [x4, w, None], [x4])) is None
+    assert "rank 5" in limits.violation(_node("Gemm", [ValueFacts("float", 5), w], [x4]))
+    assert "input 1 is not a constant" in limits.violation(
+        _node("Gemm", [x4, ValueFacts("float", 2)], [x4])
+    )
+    assert "transA" in limits.violation(_node("Gemm", [x4, w], [x4], {"transA": 1}))
+    # alpha is stored as float32: 1.0 written as a float32 still matches
+    assert limits.violation(_node("Gemm", [x4, w], [x4], {"alpha": 1.0000000001})) is None
+    assert limits.violation(_node("Gemm", [ValueFacts(), w], [ValueFacts()])) is None
+    assert "outputs" in limits.violation(_node("Gemm", [x4, w], [x4, x4]))
+
+
+def test_absent_attributes_take_the_schema_default():
+    limits = Limits(attributes=(("transA", (0,)), ("output_shape", (None,))))
+    x = ValueFacts("float", 2)
+    assert limits.violation(_node("Gemm", [x, x], [x])) is None  # transA defaults to 0
+    assert limits.violation(_node("ConvTranspose", [x, x], [x], {"output_shape": [4]}))
+
+
+def test_dtype_gating_per_type_variable():
+    cpu, cuda = load_target("cpu"), load_target("cuda")
+    half = ValueFacts("float16", 4)
+    gelu = _node("Gelu", [half], [half], domain="com.microsoft", opset=1)
+    assert "T=float16" in cpu.check_node(gelu)
+    assert cuda.check_node(gelu) is None
+    unknown = _node("Gelu", [ValueFacts()], [ValueFacts()], domain="com.microsoft", opset=1)
+    assert cpu.check_node(unknown) is None  # unknown type: opset-only gating
+
+
+def test_the_onnx_target_checks_the_standard_schema_types():
+    onnx_target_ = load_target("onnx")
+    ints = ValueFacts("int64", 2)
+    assert onnx_target_.check_node(_node("Relu", [ints], [ints])) is None
+    assert "T=string" in onnx_target_.check_node(
+        _node("Relu", [ValueFacts("string", 2)], [ValueFacts("string", 2)])
+    )
 
 
 def test_unknown_target_is_a_clear_error():
@@ -48,16 +236,40 @@ def test_a_vendor_target_file(tmp_path):
     path = tmp_path / "npu.yaml"
     path.write_text(
         "name: npu\nops:\n- {domain: '', op: Relu, since: 6, until: null}\n"
-        "- {domain: acme, op: FusedThing, since: 1}\n"
+        "- {domain: acme, op: FusedThing, since: 1, types: {T: [float]},\n"
+        "   signature: {inputs: [T], outputs: [T]}}\n"
     )
     target = load_target(str(path))
     assert target.supports("", "Relu", 17)
     assert target.supports("acme", "FusedThing", 1)
     assert not target.supports("", "Conv", 17)
+    half = ValueFacts("float16", 2)
+    assert "T=float16" in target.check_node(_node("FusedThing", [half], [half], domain="acme"))
 
 
-def test_malformed_target_file(tmp_path):
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: bad\nops:\n- {since: 1}\n", r"bad.yaml:3: an op entry needs 'op'"),
+        ("name: bad\nop:\n- {op: Relu}\n", r"bad.yaml:3: unknown key 'op'"),
+        ("name: bad\nops:\n- op: Relu\n  since: x\n", r"bad.yaml:3: op 'Relu': 'since'"),
+        ("name: bad\nops:\n- op: Relu\n  colour: red\n", r"bad.yaml:4: op 'Relu': unknown key"),
+        (
+            "name: bad\nops:\n- op: Relu\n  limits: {max_rnk: 4}\n",
+            r"bad.yaml:4: op 'Relu' limits: unknown limit 'max_rnk'",
+        ),
+        (
+            "name: bad\nops:\n- op: Relu\n  limits: {input_rank: {0: 4}}\n",
+            r"bad.yaml:4: op 'Relu' limits: 'input_rank' must be",
+        ),
+        ("name: bad\nops:\n- op: Relu\n  types: {T: float}\n", r"bad.yaml:4: op 'Relu': 'types'"),
+        ("name: bad\nops: [\n", r"bad.yaml:\d+: malformed YAML"),
+        ("- just a list\n", r"bad.yaml:1: a target file is a mapping"),
+    ],
+)
+def test_malformed_target_file(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
-    path.write_text("name: bad\nops:\n- {since: 1}\n")
-    with pytest.raises(OnnxfuseError, match="malformed op entry"):
+    path.write_text(text)
+    load_target.cache_clear()
+    with pytest.raises(OnnxfuseError, match=message):
         load_target(str(path))
