@@ -61,13 +61,14 @@ def optimize_file(
     source = Path(source)
     if output is not None and Path(output).resolve() == source.resolve():
         raise OnnxfuseError(f"{output}: refusing to overwrite the input model")
-    model = load_model(source)
+    target = options.target if options is not None else None
+    model = load_model(source, target=target)
     report = optimize(model, rules, options)
     try:
         if output is None:
-            check_model(model)
+            check_model(model, target)
         else:
-            save_model(model, output)
+            save_model(model, output, target)
     except InvariantError as exc:
         output_name = _declared_output_conflict(model, str(exc))
         if output_name is not None:

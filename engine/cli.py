@@ -163,7 +163,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     chosen = [r for r in rules if r.name == args.rule]
     if not chosen:
         raise OnnxfuseError(f"no rule named '{args.rule}' (see `onnxfuse rules list`)")
-    model = load_model(args.model)
+    model = load_model(args.model, target=target)
     results = api.explain(model, chosen[0], args.node, target)
     if not results:
         print(f"{args.rule}: no node in the model can anchor this rule")

@@ -1,12 +1,26 @@
-"""Per-node type and shape inference for nodes a rewrite creates."""
+"""Type and shape inference: per node for nodes a rewrite creates, per model in normalize.
+
+onnx infers nothing for onnxruntime's ai.onnx extension ops (no standard
+schema): their outputs are typed here by a standard op with the same
+inference function (``extension_ops.stand_in``), and inference runs again so
+that the values downstream of them get types and shapes too.
+"""
 
 from __future__ import annotations
+
+import logging
 
 import onnx
 import onnx.shape_inference
 import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
 
+from onnxfuse import extension_ops
 from onnxfuse.language import schemas
+
+# Rounds of "type the extension outputs, infer again": one per extension op on a
+# chain (each round reaches the next one); the cap only bounds pathological graphs.
+_MAX_ROUNDS = 64
 
 
 def infer_node(node: ir.Node, opset: int) -> None:
@@ -16,6 +30,10 @@ def infer_node(node: ir.Node, opset: int) -> None:
     (a later full shape inference may still fill them).
     """
     schema = schemas.get_schema(node.domain, node.op_type, opset)
+    if schema is None and extension_ops.is_extension(node.domain, node.op_type, opset):
+        found = extension_ops.stand_in(node.op_type)
+        if found is not None:
+            schema, opset = found
     if schema is None or all(o.type is not None for o in node.outputs):
         return
     input_types: dict[str, onnx.TypeProto] = {}
@@ -53,3 +71,70 @@ def infer_node(node: ir.Node, opset: int) -> None:
             output.shape = ir.serde.deserialize_type_proto_for_shape(type_proto)
         except Exception:  # an inferred type the IR cannot hold: leave it unknown
             continue
+
+
+def infer_shapes(model: ir.Model) -> None:
+    """onnx's shape inference over the whole model, through extension ops.
+
+    A help, not a requirement: where inference fails, values stay as they were.
+    """
+    # onnx_ir logs a traceback when inference fails; for us that is not an error.
+    logger = logging.getLogger("onnx_ir.passes.common.shape_inference")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        for _ in range(_MAX_ROUNDS):
+            common_passes.ShapeInferencePass()(model)
+            if not _type_extension_outputs(model):
+                return
+    except Exception:  # shape inference is a help, not a requirement
+        return
+    finally:
+        logger.setLevel(level)
+
+
+def _type_extension_outputs(model: ir.Model) -> bool:
+    """Type the untyped outputs of extension nodes; whether any got a type."""
+    changed = False
+    for graph, opsets in _graphs_with_opsets(model):
+        opset = opsets.get("", opsets.get("ai.onnx"))
+        if opset is None:
+            continue
+        for node in graph:
+            if not extension_ops.is_extension(node.domain, node.op_type, opset):
+                continue
+            untyped = [o for o in node.outputs if o.type is None]
+            if not untyped:
+                continue
+            infer_node(node, opset)
+            changed |= any(o.type is not None for o in untyped)
+    return changed
+
+
+def _graphs_with_opsets(model: ir.Model) -> list[tuple[ir.Graph, dict[str, int]]]:
+    found = [(g, dict(model.opset_imports)) for g in (model.graph, *model.graph.subgraphs())]
+    for function in model.functions.values():
+        opsets = dict(function.opset_imports)
+        found.extend((g, opsets) for g in (function.graph, *function.graph.subgraphs()))
+    return found
+
+
+def extension_output_types(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Inferred types of the main graph's extension-node outputs that ``proto`` leaves
+    undeclared: declared in a checker view, they let the checker's own inference
+    see through those nodes."""
+    declared = {v.name for v in (*proto.graph.value_info, *proto.graph.output)}
+    try:
+        model = ir.from_proto(proto)
+    except Exception:  # a graph onnx_ir cannot read: the checker will say why
+        return []
+    infer_shapes(model)
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    found = []
+    for node in model.graph:
+        if opset is None or not extension_ops.is_extension(node.domain, node.op_type, opset):
+            continue
+        for output in node.outputs:
+            if output.name and output.type is not None and output.name not in declared:
+                found.append(ir.serde.serialize_value(output))
+    return found

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -13,6 +12,7 @@ import onnx_ir.passes.common as common_passes
 
 from onnxfuse.errors import InvariantError
 from onnxfuse.folding import DEFAULT_FOLD_LIMIT_BYTES, FoldContext, Folder
+from onnxfuse.infer import infer_shapes
 from onnxfuse.language.rule import Rule
 from onnxfuse.matcher import Match, Matcher, ModelContext
 from onnxfuse.naming import NameSource, all_graphs, region_hash
@@ -335,16 +335,8 @@ def _cleanup(model: ir.Model) -> None:
 
 
 def _infer_shapes(model: ir.Model) -> None:
-    # onnx_ir logs a traceback when inference fails; for us that is not an error.
-    logger = logging.getLogger("onnx_ir.passes.common.shape_inference")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        common_passes.ShapeInferencePass()(model)
-    except Exception:  # shape inference is a help, not a requirement
-        return
-    finally:
-        logger.setLevel(level)
+    # Through onnxruntime's ai.onnx extension ops too (engine/infer.py).
+    infer_shapes(model)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Any
 import onnx
 import onnx.defs
 
+from onnxfuse import extension_ops
 from onnxfuse.language.pattern import attribute_value
 
 # Domains whose operator set onnx itself defines.
@@ -27,8 +28,13 @@ def onnxruntime_contrib_ops() -> frozenset[tuple[str, str]]:
 
 
 def known_op(domain: str, op_type: str) -> bool | None:
-    """True/False where the domain's op set is known here; None for other domains."""
+    """True/False where the domain's op set is known here; None for other domains.
+
+    The ai.onnx domain also holds onnxruntime's extension ops (``extension_ops``).
+    """
     if domain in ONNX_DOMAINS:
+        if domain == "" and extension_ops.extension_versions(op_type):
+            return True
         return onnx.defs.has(op_type, domain)
     if domain == "com.microsoft" or domain.startswith("com.microsoft."):
         return (domain, op_type) in onnxruntime_contrib_ops()
@@ -45,10 +51,22 @@ def get_schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | No
         return None
 
 
+def op_schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    """The standard's schema, else onnxruntime's for an ai.onnx extension op.
+
+    ``get_schema`` stays the standard's alone: gating asks it whether an op is
+    standard.
+    """
+    found = get_schema(domain, op_type, opset)
+    if found is None and domain == "":
+        found = extension_ops.extension_schema(op_type, opset)
+    return found
+
+
 @functools.cache
 def attribute_default(domain: str, op_type: str, opset: int, name: str) -> Any:
     """The schema default of an attribute, or NO_DEFAULT."""
-    schema = get_schema(domain, op_type, opset)
+    schema = op_schema(domain, op_type, opset)
     if schema is None or name not in schema.attributes:
         return _NO_DEFAULT
     default = schema.attributes[name].default_value
@@ -66,7 +84,9 @@ def _history() -> dict[tuple[str, str], list[onnx.defs.OpSchema]]:
     versions: dict[tuple[str, str], list[onnx.defs.OpSchema]] = {}
     for schema in onnx.defs.get_all_schemas_with_history():
         versions.setdefault((schema.domain, schema.name), []).append(schema)
-    for schemas in versions.values():
+    for (domain, op_type), schemas in versions.items():
+        if domain == "":
+            schemas.extend(extension_ops.extension_versions(op_type))
         schemas.sort(key=lambda s: s.since_version)
     return versions
 
@@ -75,7 +95,9 @@ def schemas_in_range(
     domain: str, op_type: str, low: int | None, high: int | None
 ) -> list[onnx.defs.OpSchema]:
     """Every version of an op's schema in force somewhere in opsets [low, high]."""
-    versions = _history().get((domain, op_type), [])
+    versions = _history().get((domain, op_type))
+    if versions is None:  # an op only onnxruntime defines, or none at all
+        versions = list(extension_ops.extension_versions(op_type)) if domain == "" else []
     chosen = []
     for index, schema in enumerate(versions):
         ends = versions[index + 1].since_version - 1 if index + 1 < len(versions) else None
@@ -89,7 +111,7 @@ def schemas_in_range(
 
 def input_is_optional(domain: str, op_type: str, opset: int, index: int) -> bool:
     """Whether input ``index`` may be left absent (unknown ops: assumed optional)."""
-    schema = get_schema(domain, op_type, opset)
+    schema = op_schema(domain, op_type, opset)
     if schema is None or not schema.inputs:
         return True
     formal = schema.inputs[min(index, len(schema.inputs) - 1)]
