@@ -80,8 +80,6 @@ class Folder:
         graph = node.graph
         if graph is None or node.domain != "" or node.op_type in _NEVER_FOLD:
             return False
-        if any(o.is_graph_output() for o in node.outputs):
-            return False
         in_function = id(graph) in self.function_graphs
         if in_function and node.op_type == "Constant":
             return False
@@ -199,7 +197,7 @@ class Folder:
     def _replace_with_initializer(
         self, graph: ir.Graph | ir.Function, old: ir.Value, array: np.ndarray
     ) -> None:
-        name = self.names.fresh(old.name or "folded")
+        name = self._take_name(old)
         tensor = ir.tensor(array, name=name)
         value = ir.Value(
             name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape, const_value=tensor
@@ -207,10 +205,19 @@ class Folder:
         if isinstance(graph, ir.Function):
             graph = graph.graph
         graph.register_initializer(value)
-        old.replace_all_uses_with(value)
+        # A graph output may be an initializer: it keeps its name (as onnxruntime folds it).
+        old.replace_all_uses_with(value, replace_graph_outputs=True)
+
+    def _take_name(self, old: ir.Value) -> str:
+        """A graph output's name moves to its folded value; other values get a fresh one."""
+        if old.is_graph_output() and old.name:
+            name = old.name
+            old.name = self.names.fresh(f"{name}__folded")
+            return name
+        return self.names.fresh(old.name or "folded")
 
     def _replace_with_constant_node(self, node: ir.Node, old: ir.Value, array: np.ndarray) -> None:
-        name = self.names.fresh(old.name or "folded")
+        name = self._take_name(old)
         tensor = ir.tensor(array, name=name)
         constant = ir.Node(
             "", "Constant", [], [ir.AttrTensor("value", tensor)], name=self.names.fresh(name)
@@ -219,7 +226,7 @@ class Folder:
         value.name, value.type, value.shape = name, ir.TensorType(tensor.dtype), tensor.shape
         assert node.graph is not None
         node.graph.insert_before(node, constant)
-        old.replace_all_uses_with(value)
+        old.replace_all_uses_with(value, replace_graph_outputs=True)
 
 
 def _dtype_of(array: np.ndarray) -> ir.DataType | None:

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from onnxfuse.language import symbolic
+
 # Results larger than this are refused: a guard must stay cheap to evaluate.
 _MAX_SEQUENCE = 10_000
 _MAX_VALUE_ELEMENTS = 4096
@@ -153,6 +155,23 @@ def _is_graph_input(ref: Any) -> bool:
     return _need(ref, "is_graph_input").is_graph_input()
 
 
+def _op_name(node: ir.Node) -> str:
+    return f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+
+
+def _producer_op(ref: Any) -> str:
+    """The op type of the node computing x ('domain::Op' outside ai.onnx; '' for
+    graph inputs and initializers)."""
+    producer = _need(ref, "producer_op").producer()
+    return "" if producer is None else _op_name(producer)
+
+
+def _consumer_ops(ref: Any) -> tuple[str, ...]:
+    """The op types of the nodes using x, sorted (one entry per use)."""
+    value = _need(ref, "consumer_ops")
+    return tuple(sorted(_op_name(use.node) for use in value.uses()))
+
+
 def _all_equal(ref: Any, target: Any) -> bool:
     """Every element of a constant equals ``target`` (no size limit, no copy to lists)."""
     value = _need(ref, "all_equal")
@@ -216,6 +235,30 @@ def _broadcastable(*refs: Any) -> bool:
     return True
 
 
+def _elements(ref: Any) -> Any:
+    """The elements of a small integer value, looked up through the ops computing it."""
+    value = _need(ref, "elements")
+    found = symbolic.elements(value, lambda v: constant_tensor(v, ref.ir_version))
+    if found is None:
+        raise GuardUnknown(f"elements({ref.name}): not a rank-0/1 integer value of known size")
+    rank, items = found
+    return items[0] if rank == 0 else tuple(items)
+
+
+def _dims(ref: Any) -> tuple[Any, ...]:
+    """A value's dimensions as elements() names them: ints where static, symbolic otherwise."""
+    value = _need(ref, "dims")
+    found = symbolic.value_dims(value, ref.name)
+    if found is None:
+        raise GuardUnknown(f"dims({ref.name}): the rank is unknown")
+    return tuple(found)
+
+
+def _known(item: Any) -> bool:
+    """An element of elements() or dims() whose value is known (an int)."""
+    return isinstance(item, int) and not isinstance(item, bool)
+
+
 # Functions a guard may call, with their number of arguments (min, max).
 FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {
     "rank": (_rank, 1, 1),
@@ -234,7 +277,12 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {
     "present": (_present, 1, 1),
     "consumers": (_consumers, 1, 1),
     "is_graph_input": (_is_graph_input, 1, 1),
+    "producer_op": (_producer_op, 1, 1),
+    "consumer_ops": (_consumer_ops, 1, 1),
     "broadcastable": (_broadcastable, 1, 8),
+    "elements": (_elements, 1, 1),
+    "dims": (_dims, 1, 1),
+    "known": (_known, 1, 1),
     "len": (len, 1, 1),
     "abs": (abs, 1, 1),
     "min": (min, 1, 8),
