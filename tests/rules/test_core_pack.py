@@ -57,6 +57,14 @@ EXPECTED_RULES = {
     "clip-clip",
     "clip-relu",
     "relu-clip",
+    "pad-conv-fold-attr",
+    "pad-avgpool-fold-attr",
+    "not-where",
+    "not-not",
+    "shape-cast",
+    "shape-transpose",
+    "reshape-computed-shape",
+    "reciprocal-mul",
 }
 
 I64 = np.int64
