@@ -19,7 +19,7 @@ import onnx_ir as ir
 from onnxfuse.language import schemas
 from onnxfuse.language.guards import Guard, GuardUnknown, ValueRef, constant_tensor
 from onnxfuse.language.pattern import AttrLiteral, AttrRef, Pattern, PatternNode, PatternValue
-from onnxfuse.language.rule import Rule
+from onnxfuse.language.rule import ALTERNATIVE, Rule
 from onnxfuse.targets import Target
 
 # Marks an attribute bound by the pattern but absent on the node, without a default.
@@ -360,9 +360,11 @@ class Matcher:
             if producer is not None and id(producer) in matched:
                 self._fail(f"variable '{name}' is bound to a value computed inside the match")
                 return None
+        # Kept intermediates may be used outside the match: their nodes stay for those uses.
+        kept = {id(self._bound_graph_value(source.values[n], state)) for n in self.rule.keep}
         for node in state.nodes.values():
             for output in node.outputs:
-                if id(output) in replaced:
+                if id(output) in replaced or id(output) in kept:
                     continue
                 if output.is_graph_output():
                     self._fail(f"intermediate '{output.name}' is a graph output")
@@ -429,6 +431,8 @@ class Matcher:
                 names[pvalue.name] = ValueRef(pvalue.name, bound, self.context.ir_version)
         for name, value in state.attrs.items():
             names[name] = None if value is ABSENT else value
+        index = next(i for i, s in enumerate(self.rule.sources) if s is source)
+        names.setdefault(ALTERNATIVE, index)
         return names
 
 

@@ -74,8 +74,22 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
             old.name = names.fresh(f"{name}__replaced")
             new.name = name
         old.replace_all_uses_with(new, replace_graph_outputs=True)
-    graph.remove(match.nodes, safe=True)
+    _remove_match(match, graph)
     return created
+
+
+def _remove_match(match: Match, graph: ir.Graph) -> None:
+    """Remove the matched nodes; a node of a kept value stays while it is still used."""
+    kept_values = {match.source.values[name] for name in match.rule.keep}
+    kept = [
+        node
+        for pnode, node in zip(match.source.nodes, match.nodes)
+        if any(o is not None and o in kept_values for o in pnode.outputs)
+    ]
+    graph.remove([n for n in match.nodes if all(n is not k for k in kept)], safe=True)
+    for node in reversed(kept):  # consumers before producers
+        if not any(o.uses() or o.is_graph_output() for o in node.outputs):
+            graph.remove(node, safe=True)
 
 
 def _check_absent_inputs(

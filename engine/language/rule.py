@@ -23,6 +23,8 @@ from onnxfuse.language.pattern import (
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 _PATTERN_HEADER = '<domain: "onnxfuse.pattern", opset_import: ["" : {opset}]>\n'
 _DEFAULT_PATTERN_OPSET = 21
+# Guard name for the index of the source alternative that matched.
+ALTERNATIVE = "alternative"
 
 
 class RuleDefinitionError(Exception):
@@ -49,6 +51,7 @@ class Rule:
     tolerance: float | None = None
     verify: dict[str, Any] = field(default_factory=dict)
     copy_attributes: dict[str, str] = field(default_factory=dict)
+    keep: frozenset[str] = frozenset()
     pack: str = ""
     origin: str = ""
 
@@ -195,6 +198,7 @@ def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
                 f"copy_attributes: '{target_value}' is not a node output of the target",
                 lines.get("copy_attributes"),
             )
+    _check_keep(rule, lines.get("keep"))
     for source in rule.sources:
         used = {
             a.var for n in source.nodes for a in n.attributes.values() if isinstance(a, AttrRef)
@@ -205,6 +209,26 @@ def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
                     f"source attribute variable '{declared}' is declared but never bound",
                     lines.get("source"),
                 )
+
+
+def _check_keep(rule: Rule, line: int | None) -> None:
+    """Kept intermediates: node outputs of every source whose producers read only
+    variables, constants or other kept values (the rewrite removes everything else)."""
+    for name in rule.keep:
+        for source in rule.sources:
+            found = source.values.get(name)
+            if found is None or found.kind != "node" or found in source.outputs:
+                raise RuleDefinitionError(
+                    f"keep: '{name}' is not an intermediate value of every source", line
+                )
+            assert found.producer is not None
+            for pvalue in found.producer.inputs:
+                if pvalue is not None and pvalue.kind == "node" and pvalue.name not in rule.keep:
+                    raise RuleDefinitionError(
+                        f"keep: '{name}' is computed from '{pvalue.name}', which the rewrite "
+                        "removes; keep it too",
+                        line,
+                    )
 
 
 def _check_ops(

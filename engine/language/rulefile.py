@@ -8,6 +8,7 @@ from typing import Any
 from onnxfuse.errors import RuleError
 from onnxfuse.language.pattern import Pattern
 from onnxfuse.language.rule import (
+    ALTERNATIVE,
     Rule,
     RuleDefinitionError,
     build_rule,
@@ -30,6 +31,7 @@ RULE_KEYS = {
     "optional": "source variables that may be absent inputs",
     "commutative": "extra ops whose inputs match in any order",
     "copy_attributes": "source value -> target value: copy all attributes of its node",
+    "keep": "intermediates that may have uses outside the match; their nodes stay for them",
     "opset": "model opset range per domain where the rule applies",
     "imports": "opset version to import for domains the target adds",
     "tolerance": "relative tolerance for matching constants",
@@ -123,8 +125,10 @@ def rule_from_entry(
     if name is None:
         raise RuleDefinitionError("rule has no 'name'", entry.line)
 
-    # Guards may name any value every alternative defines, and the attributes.
+    # Guards may name any value every alternative defines, the attributes, and
+    # `alternative` (which source matched) unless a value of that name shadows it.
     bound = set.intersection(*(set(s.values) for s in sources)) | set(sources[0].attribute_vars)
+    bound.add(ALTERNATIVE)
     lets = _parse_lets(entry, bound, lines["let"])
     where = entry.get("where", [])
     if isinstance(where, str):
@@ -149,6 +153,7 @@ def rule_from_entry(
         tolerance=_tolerance(entry, lines["tolerance"]),
         verify=_mapping(entry, "verify"),
         copy_attributes=_string_map(entry, "copy_attributes"),
+        keep=frozenset(_string_list(entry, "keep")),
         pack=pack,
         origin=origin,
     )

@@ -60,7 +60,31 @@ def op_schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | Non
     found = get_schema(domain, op_type, opset)
     if found is None and domain == "":
         found = extension_ops.extension_schema(op_type, opset)
+    if found is None and domain not in ONNX_DOMAINS:
+        found = _contrib_schema(domain, op_type, opset)
     return found
+
+
+def _contrib_schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    """onnxruntime's schema of an op in one of its own domains (com.microsoft, ...)."""
+    chosen = None
+    for schema in _contrib_versions().get((domain, op_type), ()):
+        if schema.since_version <= opset:
+            chosen = schema
+    return chosen
+
+
+@functools.cache
+def _contrib_versions() -> dict[tuple[str, str], tuple[onnx.defs.OpSchema, ...]]:
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    found: dict[tuple[str, str], list[onnx.defs.OpSchema]] = {}
+    for schema in state.get_all_operator_schema():
+        if schema.domain in ONNX_DOMAINS or schema.domain == "ai.onnx" or schema.deprecated:
+            continue
+        converted = extension_ops._as_onnx_schema(schema, schema.domain)
+        found.setdefault((schema.domain, schema.name), []).append(converted)
+    return {key: tuple(sorted(v, key=lambda s: s.since_version)) for key, v in found.items()}
 
 
 @functools.cache

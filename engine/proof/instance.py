@@ -657,8 +657,14 @@ def _typed_by_running(
 ) -> onnx.ModelProto:
     from onnxfuse.proof.runtime import ORT, Runner, RuntimeFailure
 
+    # Run with those outputs untyped: the fallback type may be wrong (a double FusedMatMul).
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for value in probe.graph.output:
+        if value.name in names:
+            value.type.Clear()
     try:
-        results = Runner(ORT).run(model, make_feeds(spec, 0, sets=1))[0]
+        results = Runner(ORT).run(probe, make_feeds(spec, 0, sets=1))[0]
     except RuntimeFailure as exc:
         raise Reject(f"onnx cannot infer the type of output {names[0]!r} ({exc})") from None
     typed = onnx.ModelProto()

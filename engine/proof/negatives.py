@@ -12,7 +12,9 @@ Must not fire (the rule language guarantees it):
 
 May fire, but then must still be exact (the domain's boundary: guards decide):
   - ``dtype``: the instance in another element type;
-  - ``runtime-constant``: a constant variable becomes a graph input.
+  - ``runtime-constant``: a constant variable becomes a graph input;
+  - ``kept-consumer``, ``kept-output``: a value the rule may ``keep`` gets
+    another consumer or becomes a graph output.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ MUST_NOT_FIRE = (
     "constant-literal",
     "declared",
 )
-BOUNDARY = ("dtype", "runtime-constant")
+BOUNDARY = ("dtype", "runtime-constant", "kept-consumer", "kept-output")
 _OTHER_DTYPES = ("float32", "float16", "float64", "bfloat16", "int32", "int64", "int8", "bool")
 _OTHER_STRINGS = {
     "constant": "reflect",
@@ -103,6 +105,8 @@ def _structural(instance: Instance, value_types: dict[str, str]) -> list[Mutatio
         if out and out not in spec.outputs
     ]
     for value in intermediates:
+        # A kept intermediate may have other uses: the rule may still fire, exactly.
+        kept = value in instance.rule.keep
         dtype = value_types.get(value, instance.dtype)
         extra = spec.copy()
         op = pick_helper_op(instance.rule, dtype)
@@ -110,10 +114,24 @@ def _structural(instance: Instance, value_types: dict[str, str]) -> list[Mutatio
             NodeSpec(op, "", [value], [f"{value}__extra"], {}, None, f"extra_{value}")
         )
         extra.outputs.append(f"{value}__extra")
-        found.append(Mutation("extra-consumer", f"{value} also feeds {op}", extra, True))
+        found.append(
+            Mutation(
+                "kept-consumer" if kept else "extra-consumer",
+                f"{value} also feeds {op}",
+                extra,
+                not kept,
+            )
+        )
         exposed = spec.copy()
         exposed.outputs.append(value)
-        found.append(Mutation("graph-output", f"{value} is also a graph output", exposed, True))
+        found.append(
+            Mutation(
+                "kept-output" if kept else "graph-output",
+                f"{value} is also a graph output",
+                exposed,
+                not kept,
+            )
+        )
     for position, node in enumerate(spec.nodes):
         if node.pattern_index is None or node.domain != "":
             continue
