@@ -18,6 +18,8 @@ from pathlib import Path
 
 from fuzz import corpus
 
+DEFAULT_TARGETS = ["cpu", "onnx"]
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__.splitlines()[0])
@@ -27,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     graphs.add_argument("--iterations", type=int, default=100, help="models to check")
     graphs.add_argument("--seed", type=int, default=0)
     graphs.add_argument(
-        "--target", action="append", help="target(s) to optimize for (default: every built-in)"
+        "--target",
+        action="append",
+        help="target(s) to optimize for (default: cpu and onnx; `all`: every built-in target)",
     )
     graphs.add_argument("--jobs", type=int, default=1, help="worker processes")
     graphs.add_argument("--max-steps", type=int, default=8, help="steps per generated model")
@@ -101,7 +105,11 @@ def _graphs(args, parser, command: str) -> int:
     from onnxfuse.targets import builtin_target_names
 
     known_targets = builtin_target_names()
-    targets = args.target or known_targets
+    # By default the two targets that bound the others: every onnxruntime kernel,
+    # and standard ops only. `--target all` takes every built-in target.
+    targets = args.target or DEFAULT_TARGETS
+    if "all" in targets:
+        targets = known_targets
     for name in targets:
         if name not in known_targets:
             parser.error(f"unknown target '{name}' (known: {', '.join(known_targets)})")
