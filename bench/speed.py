@@ -1,0 +1,256 @@
+"""How fast onnxfuse optimizes, beside onnxscript and onnxruntime's transformer optimizer.
+
+    python bench/speed.py [--repeat N] [--models SET ...] [--scaling MAX_NODES]
+                          [--external-gb G] [--json FILE] [MODEL.onnx ...]
+
+Every measurement runs in a fresh subprocess (so each tool pays its own imports'
+warm-up once per model, outside the timing, and peak RSS is its own), file in to
+file out:
+
+- onnxfuse:    `onnxfuse.api.optimize_file`, target cpu, every built-in pack (load
+               with the full checker, optimize, check, save atomically);
+- onnxscript:  `onnx.load`, `onnxscript.optimizer.optimize`, then
+               `onnxscript.rewriter.ort_fusions.optimize_for_ort`, save;
+- ort-transformers: `onnxruntime.transformers.optimizer.optimize_model` (model type
+               gpt2 with the stack's heads and hidden size; transformer models only), save.
+
+Sets: `decoder` (synthetic GPT-style stacks of 2, 12 and 24 blocks), `cnn` (the
+light models of the onnx package), `sample` (the bundled ResNet), plus any model
+named on the command line. Ratios are the other tool's time over onnxfuse's.
+
+`--scaling MAX` times onnxfuse alone on decoder stacks from about 1,000 nodes up
+to MAX nodes and fits time = a * nodes^k (least squares in log-log): k is the
+exponent. `--external-gb G` builds a decoder stack with about G GB of weights in
+external data and reports onnxfuse's peak RSS against the weight size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from synthetic import decoder_stack, save  # noqa: E402
+
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+TOOLS = ("onnxfuse", "onnxscript", "ort-transformers")
+DECODER = {"hidden": 64, "heads": 4}
+NODES_PER_BLOCK = 51  # about; the tables print exact counts
+
+
+# -- one measurement, in a child process -----------------------------------------------
+
+
+def _run_one(tool: str, source: str, output: str, heads: int, hidden: int) -> dict:
+    if tool == "onnxfuse":
+        from onnxfuse.api import optimize_file, select_rules
+        from onnxfuse.optimizer import Options
+        from onnxfuse.targets import load_target
+
+        rules, options = select_rules(), Options(target=load_target("cpu"))
+        started = time.perf_counter()
+        optimize_file(source, output, rules, options)
+    elif tool == "onnxscript":
+        import onnx_ir as ir
+        import onnxscript.optimizer
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+        started = time.perf_counter()
+        model = ir.load(source)
+        onnxscript.optimizer.optimize(model)
+        model, _ = optimize_for_ort(model)
+        ir.save(model, output)
+    else:
+        import logging
+
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+        started = time.perf_counter()
+        result = optimize_model(
+            source, model_type="gpt2", num_heads=heads, hidden_size=hidden, opt_level=1
+        )
+        result.save_model_to_file(output)
+    seconds = time.perf_counter() - started
+    nodes = len(onnx.load(output, load_external_data=False).graph.node)
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": seconds, "nodes": nodes, "rss_mb": rss_mb}
+
+
+def measure(tool: str, model: Path, heads: int = 0, hidden: int = 0) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "out.onnx")
+        args = [
+            sys.executable,
+            __file__,
+            "--run-one",
+            tool,
+            str(model),
+            out,
+            str(heads),
+            str(hidden),
+        ]
+        done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# -- model sets --------------------------------------------------------------------------
+
+
+def decoder_model(folder: Path, layers: int, weights: str = "random") -> Path:
+    path = folder / f"decoder{layers}.onnx"
+    if not path.exists():
+        model = decoder_stack(layers, DECODER["hidden"], DECODER["heads"], weights=weights)
+        save(model, path, external=False)
+    return path
+
+
+def model_set(names: list[str], folder: Path, extra: list[Path]) -> list[tuple[str, Path, bool]]:
+    """(label, path, is_transformer) for every model to compare."""
+    models: list[tuple[str, Path, bool]] = []
+    if "decoder" in names:
+        for layers in (2, 12, 24):
+            models.append((f"decoder-{layers}", decoder_model(folder, layers), True))
+    if "cnn" in names:
+        for path in sorted(LIGHT_DIR.glob("*.onnx")):
+            models.append((path.stem.removeprefix("light_"), path, False))
+    if "sample" in names:
+        from onnxfuse.api import sample_model_path
+
+        models.append(("sample", Path(sample_model_path()), False))
+    models.extend((p.stem, p, False) for p in extra)
+    return models
+
+
+# -- reports -----------------------------------------------------------------------------
+
+
+def compare(models, repeat: int) -> list[dict]:
+    rows = []
+    for label, path, transformer in models:
+        tools = TOOLS if transformer else TOOLS[:2]
+        runs: dict[str, list[dict]] = {t: [] for t in tools}
+        for _ in range(repeat):  # round robin: drift hits every tool alike
+            for tool in tools:
+                runs[tool].append(measure(tool, path, DECODER["heads"], DECODER["hidden"]))
+        row = {"model": label, "nodes": len(onnx.load(path, load_external_data=False).graph.node)}
+        for tool, results in runs.items():
+            good = [r for r in results if "seconds" in r]
+            if not good:
+                row[tool] = {"error": results[0]["error"]}
+                continue
+            row[tool] = {
+                "seconds": statistics.median(r["seconds"] for r in good),
+                "nodes": good[0]["nodes"],
+            }
+        rows.append(row)
+        print(_line(row, tools), flush=True)
+    return rows
+
+
+def _line(row: dict, tools) -> str:
+    parts = [f"{row['model']:>20} {row['nodes']:>6} nodes"]
+    base = row["onnxfuse"].get("seconds")
+    for tool in tools:
+        result = row.get(tool, {})
+        if "seconds" not in result:
+            parts.append(f"{tool}: {result.get('error', '-')[:40]}")
+            continue
+        ratio = f" x{result['seconds'] / base:.2f}" if base and tool != "onnxfuse" else ""
+        parts.append(f"{tool} {result['seconds']:.2f}s {result['nodes']}n{ratio}")
+    return " | ".join(parts)
+
+
+def scaling(folder: Path, max_nodes: int) -> dict:
+    sizes = []
+    nodes = 1000
+    while nodes <= max_nodes:
+        sizes.append(max(1, round(nodes / NODES_PER_BLOCK)))
+        nodes *= 3
+    points = []
+    for layers in sizes:
+        path = decoder_model(folder, layers, weights="zeros")
+        count = len(onnx.load(path).graph.node)
+        result = measure("onnxfuse", path)
+        if "seconds" not in result:
+            print(f"scaling {count} nodes: {result['error']}", flush=True)
+            continue
+        points.append((count, result["seconds"]))
+        per_node = 1e6 * result["seconds"] / count
+        print(f"scaling {count:>7} nodes: {result['seconds']:8.2f} s  {per_node:7.1f} us/node")
+    exponent = _fit_exponent(points) if len(points) >= 2 else float("nan")
+    print(f"scaling: time ~ nodes^{exponent:.3f}", flush=True)
+    return {"points": points, "exponent": exponent}
+
+
+def _fit_exponent(points: list[tuple[int, float]]) -> float:
+    xs = [math.log(n) for n, _ in points]
+    ys = [math.log(t) for _, t in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def external(folder: Path, gigabytes: float) -> dict:
+    hidden, heads = 1024, 16
+    per_layer = (4 * hidden * hidden + 8 * hidden * hidden) * 4  # attention + MLP weights
+    layers = max(1, math.ceil(gigabytes * 1e9 / per_layer))
+    path = folder / f"external{layers}.onnx"
+    if not path.exists():
+        model = decoder_stack(layers, hidden, heads, weights="zeros")
+        save(model, path, external=True)
+    weight_mb = (folder / f"{path.name}.data").stat().st_size / 2**20
+    result = measure("onnxfuse", path)
+    if "seconds" in result:
+        share = result["rss_mb"] / weight_mb
+        print(
+            f"external data: {weight_mb:.0f} MB of weights, {result['seconds']:.1f} s, "
+            f"peak RSS {result['rss_mb']:.0f} MB ({100 * share:.1f}% of the weights)",
+            flush=True,
+        )
+    else:
+        print(f"external data: {result['error']}", flush=True)
+    return {"weight_mb": weight_mb, **result}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--run-one":
+        tool, source, output, heads, hidden = sys.argv[2:7]
+        print(json.dumps(_run_one(tool, source, output, int(heads), int(hidden))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", type=Path)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--models", dest="sets", nargs="*", default=["decoder", "cnn", "sample"])
+    parser.add_argument("--scaling", type=int, default=0, metavar="MAX_NODES")
+    parser.add_argument("--external-gb", type=float, default=0.0)
+    parser.add_argument("--work-dir", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    folder = args.work_dir or Path(tempfile.mkdtemp(prefix="onnxfuse-speed-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    results: dict = {"models": compare(model_set(args.sets, folder, args.models), args.repeat)}
+    if args.scaling:
+        results["scaling"] = scaling(folder, args.scaling)
+    if args.external_gb:
+        results["external"] = external(folder, args.external_gb)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
