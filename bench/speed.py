@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
 import statistics
 import subprocess
 import sys
@@ -85,8 +84,16 @@ def _run_one(tool: str, source: str, output: str, heads: int, hidden: int) -> di
         result.save_model_to_file(output)
     seconds = time.perf_counter() - started
     nodes = len(onnx.load(output, load_external_data=False).graph.node)
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": seconds, "nodes": nodes, "rss_mb": rss_mb}
+    return {"seconds": seconds, "nodes": nodes, "rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak RSS. Not getrusage: its maximum survives fork and exec, so a
+    child would report its parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def measure(tool: str, model: Path, heads: int = 0, hidden: int = 0) -> dict:
@@ -210,9 +217,10 @@ def external(folder: Path, gigabytes: float) -> dict:
     per_layer = (4 * hidden * hidden + 8 * hidden * hidden) * 4  # attention + MLP weights
     layers = max(1, math.ceil(gigabytes * 1e9 / per_layer))
     path = folder / f"external{layers}.onnx"
-    if not path.exists():
-        model = decoder_stack(layers, hidden, heads, weights="zeros")
-        save(model, path, external=True)
+    if not path.exists():  # built in a child: this process stays small while it measures
+        build = [sys.executable, str(HERE / "synthetic.py"), str(path), "--layers", str(layers)]
+        build += ["--hidden", str(hidden), "--heads", str(heads), "--weights", "zeros"]
+        subprocess.run([*build, "--external"], check=True, capture_output=True)
     weight_mb = (folder / f"{path.name}.data").stat().st_size / 2**20
     result = measure("onnxfuse", path)
     if "seconds" in result:
