@@ -8,12 +8,9 @@ that the values downstream of them get types and shapes too.
 
 from __future__ import annotations
 
-import logging
-
 import onnx
 import onnx.shape_inference
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
 from onnxfuse import extension_ops
 from onnxfuse.language import schemas
@@ -78,19 +75,10 @@ def infer_shapes(model: ir.Model) -> None:
 
     A help, not a requirement: where inference fails, values stay as they were.
     """
-    # onnx_ir logs a traceback when inference fails; for us that is not an error.
-    logger = logging.getLogger("onnx_ir.passes.common.shape_inference")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        for _ in range(_MAX_ROUNDS):
-            common_passes.ShapeInferencePass()(model)
-            if not _type_extension_outputs(model):
-                return
-    except Exception:  # shape inference is a help, not a requirement
-        return
-    finally:
-        logger.setLevel(level)
+    for _ in range(_MAX_ROUNDS):
+        _infer_once(model)
+        if not _type_extension_outputs(model):
+            return
 
 
 def _type_extension_outputs(model: ir.Model) -> bool:
@@ -138,3 +126,50 @@ def extension_output_types(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
             if output.name and output.type is not None and output.name not in declared:
                 found.append(ir.serde.serialize_value(output))
     return found
+
+
+def _infer_once(model: ir.Model) -> None:
+    """Types and shapes for every value of the model's graphs that onnx can infer.
+
+    onnx's own inference on a serialized copy, merged back by value name. Lighter
+    than onnx_ir's ShapeInferencePass, which deserializes the whole inferred
+    model to merge it, and not strict: a node onnx cannot infer leaves only the
+    values that depend on it unknown. Shape inference is a help: failures are
+    ignored.
+    """
+    try:
+        proto = ir.serde.serialize_model(model)
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception:  # too large to serialize, or onnx gave up: keep what we have
+        return
+    found: dict[str, onnx.TypeProto] = {}
+    _collect_types(inferred.graph, found)
+    for graph in model.graphs():
+        for value in _graph_values(graph):
+            type_proto = found.get(value.name or "")
+            if type_proto is None or not type_proto.HasField("tensor_type"):
+                continue
+            try:
+                dtype = ir.serde.deserialize_type_proto_for_type(type_proto)
+                shape = ir.serde.deserialize_type_proto_for_shape(type_proto)
+            except Exception:  # a type the IR cannot hold: leave the value as it is
+                continue
+            if value.type is None and dtype is not None:
+                value.type = dtype
+            if shape is not None and value.shape != shape:
+                value.shape = shape
+
+
+def _collect_types(graph: onnx.GraphProto, found: dict[str, onnx.TypeProto]) -> None:
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        found.setdefault(info.name, info.type)
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in (attr.g,) if attr.HasField("g") else attr.graphs:
+                _collect_types(sub, found)
+
+
+def _graph_values(graph: ir.Graph):
+    yield from graph.inputs
+    for node in graph:
+        yield from node.outputs

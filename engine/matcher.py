@@ -9,7 +9,7 @@ every order by backtracking, so a rule is never copied per input order.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +83,7 @@ class Matcher:
         self.target = target
         self.failure: str | None = None
         self._progress = self._failure_progress = 0
+        self._orders: dict[int, list[list[PatternValue | None]]] = {}  # by id(pattern node)
         # Pattern nodes that accept any further attributes, which the target copies.
         self.open_nodes: dict[int, str] = {}
         for source_name, target_name in rule.copy_attributes.items():
@@ -91,10 +92,11 @@ class Matcher:
                 assert producer is not None
                 self.open_nodes[id(producer)] = target_name
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str | Callable[[], str]) -> None:
         # Keep the failure that got furthest into the pattern: the informative one.
+        # Hot paths pass a callable: the message is built only when it is kept.
         if self.failure is None or self._progress > self._failure_progress:
-            self.failure = reason
+            self.failure = reason if isinstance(reason, str) else reason()
             self._failure_progress = self._progress
 
     def _advance(self, state: _State) -> None:
@@ -168,7 +170,7 @@ class Matcher:
     ) -> Iterator[_State]:
         self._advance(state)
         if (node.domain, node.op_type) != pnode.key:
-            self._fail(f"expected {pnode.describe()}, found {node.op_type} '{node.name}'")
+            self._fail(lambda: f"expected {pnode.describe()}, found {node.op_type} '{node.name}'")
             return
         if node.graph is not graph:
             self._fail(f"'{node.name}' is in another graph")
@@ -193,7 +195,12 @@ class Matcher:
         state.claimed[id(node)] = pnode.index
         graph_inputs = list(node.inputs)
         width = max(len(pnode.inputs), len(graph_inputs))
-        for order in self._input_orders(pnode):
+        orders = self._input_orders(pnode)
+        if len(orders) > 1:
+            # Try only the orders whose inputs could match at a glance; when none could,
+            # the first one still runs, so the failure is reported where it happens.
+            orders = [o for o in orders if self._plausible(o, graph_inputs)] or orders[:1]
+        for order in orders:
             pairs: list[tuple[PatternValue | None, ir.Value | None, int]] = []
             for position in range(width):
                 pvalue = order[position] if position < len(order) else None
@@ -202,14 +209,37 @@ class Matcher:
             yield from self._match_pairs(pnode, pairs, state, graph)
 
     def _input_orders(self, pnode: PatternNode) -> list[list[PatternValue | None]]:
-        if not pnode.commutative or not 1 < len(pnode.inputs) <= _MAX_PERMUTED_INPUTS:
-            return [pnode.inputs]
-        orders: list[list[PatternValue | None]] = []
-        for order in itertools.permutations(pnode.inputs):
-            candidate = list(order)
-            if not any(all(a is b for a, b in zip(candidate, seen)) for seen in orders):
-                orders.append(candidate)
+        cached = self._orders.get(id(pnode))
+        if cached is not None:
+            return cached
+        orders: list[list[PatternValue | None]] = [pnode.inputs]
+        if pnode.commutative and 1 < len(pnode.inputs) <= _MAX_PERMUTED_INPUTS:
+            orders = []
+            for order in itertools.permutations(pnode.inputs):
+                candidate = list(order)
+                if not any(all(a is b for a, b in zip(candidate, seen)) for seen in orders):
+                    orders.append(candidate)
+        self._orders[id(pnode)] = orders
         return orders
+
+    def _plausible(self, order: list[PatternValue | None], graph_inputs: list) -> bool:
+        """Whether each pattern input could match the graph input in its place (op types,
+        constness and presence only): prunes input orders of commutative nodes cheaply."""
+        for position, pvalue in enumerate(order):
+            gvalue = graph_inputs[position] if position < len(graph_inputs) else None
+            if pvalue is None or pvalue.kind == "input":
+                continue
+            if gvalue is None:
+                return False
+            if pvalue.kind == "constant":
+                if constant_tensor(gvalue, self.context.ir_version) is None:
+                    return False
+                continue
+            producer = gvalue.producer()
+            assert pvalue.producer is not None
+            if producer is None or (producer.domain, producer.op_type) != pvalue.producer.key:
+                return False
+        return True
 
     def _match_pairs(
         self,
@@ -234,30 +264,37 @@ class Matcher:
         state: _State,
         graph: Any,
     ) -> Iterator[_State]:
-        where = f"input {position} of {pnode.describe()}"
+
+        def where() -> str:
+            return f"input {position} of {pnode.describe()}"
+
         self._advance(state)
         if pvalue is None:
             if gvalue is None:
                 yield state
             else:
-                self._fail(f"{where}: pattern requires it absent, graph has '{gvalue.name}'")
+                self._fail(
+                    lambda: f"{where()}: pattern requires it absent, graph has '{gvalue.name}'"
+                )
             return
         if pvalue.kind == "input":
             if gvalue is None and pvalue.name not in self.rule.optional:
-                self._fail(f"{where}: absent in the graph, '{pvalue.name}' is not optional")
+                self._fail(
+                    lambda: f"{where()}: absent in the graph, '{pvalue.name}' is not optional"
+                )
                 return
             if pvalue.name in state.values:
                 if state.values[pvalue.name] is gvalue:
                     yield state
                 else:
-                    self._fail(f"{where}: '{pvalue.name}' is bound to another value")
+                    self._fail(lambda: f"{where()}: '{pvalue.name}' is bound to another value")
                 return
             bound = state.copy()
             bound.values[pvalue.name] = gvalue
             yield bound
             return
         if gvalue is None:
-            self._fail(f"{where}: absent in the graph")
+            self._fail(lambda: f"{where()}: absent in the graph")
             return
         if pvalue.kind == "constant":
             if self._constant_matches(pvalue, gvalue, where):
@@ -270,27 +307,35 @@ class Matcher:
             return
         producer = gvalue.producer()
         if producer is None:
-            self._fail(f"{where}: '{gvalue.name}' has no producer (expected {pvalue.name})")
+            self._fail(
+                lambda: f"{where()}: '{gvalue.name}' has no producer (expected {pvalue.name})"
+            )
             return
         assert pvalue.producer is not None
         if gvalue.index() != pvalue.output_index:
-            self._fail(f"{where}: '{gvalue.name}' is output {gvalue.index()} of its producer")
+            self._fail(
+                lambda: f"{where()}: '{gvalue.name}' is output {gvalue.index()} of its producer"
+            )
             return
         yield from self._match_node(pvalue.producer, producer, state, graph)
 
-    def _constant_matches(self, pvalue: PatternValue, gvalue: ir.Value, where: str) -> bool:
+    def _constant_matches(
+        self, pvalue: PatternValue, gvalue: ir.Value, where: Callable[[], str]
+    ) -> bool:
         tensor = constant_tensor(gvalue, self.context.ir_version)
         if tensor is None:
-            self._fail(f"{where}: '{gvalue.name}' is not a constant")
+            self._fail(lambda: f"{where()}: '{gvalue.name}' is not a constant")
             return False
         expected = pvalue.constant
         assert expected is not None
         if pvalue.scalar or expected.size == 1:
             if tensor.size != 1:
-                self._fail(f"{where}: constant '{gvalue.name}' is not a scalar")
+                self._fail(lambda: f"{where()}: constant '{gvalue.name}' is not a scalar")
                 return False
         elif tuple(tensor.shape) != expected.shape:
-            self._fail(f"{where}: constant '{gvalue.name}' has shape {tuple(tensor.shape)}")
+            self._fail(
+                lambda: f"{where()}: constant '{gvalue.name}' has shape {tuple(tensor.shape)}"
+            )
             return False
         actual = tensor.numpy()
         if actual.dtype.kind in "fc" or str(actual.dtype) == "bfloat16":
@@ -303,7 +348,9 @@ class Matcher:
         else:
             ok = bool(np.array_equal(actual.reshape(expected.shape), expected))
         if not ok:
-            self._fail(f"{where}: constant '{gvalue.name}' differs from {expected.tolist()}")
+            self._fail(
+                lambda: f"{where()}: constant '{gvalue.name}' differs from {expected.tolist()}"
+            )
         return ok
 
     # -- attributes ----------------------------------------------------------
@@ -459,7 +506,7 @@ def _node_attribute(node: ir.Node, name: str, opset: int) -> Any:
 
 def _attr_python(attr: ir.Attr) -> Any:
     value = attr.value
-    if isinstance(value, ir.TensorProtocol):
+    if attr.type == ir.AttributeType.TENSOR:  # not isinstance: Protocol checks are slow
         return value.numpy()
     if isinstance(value, tuple):
         return list(value)

@@ -259,7 +259,15 @@ class _Driver:
         """Nodes whose matches a rewrite may have changed."""
         touched: list[ir.Node] = list(created)
         frontier = [o for n in created for o in n.outputs]
-        frontier.extend(v for v in match.values.values() if v is not None)
+        # A bound value computed by the graph may have lost a consumer, which can unblock
+        # a match that treats it as an intermediate. Constants and graph inputs are never
+        # intermediates: re-queueing their consumers (every layer's use of a shared epsilon
+        # or mask) would make each rewrite cost time in the size of the graph.
+        frontier.extend(
+            v
+            for v in match.values.values()
+            if v is not None and (p := v.producer()) is not None and p.op_type != "Constant"
+        )
         for value in frontier:
             producer = value.producer()
             if producer is not None:
@@ -300,7 +308,7 @@ def normalize(
     """Constants as initializers, constant subgraphs folded, shapes inferred."""
     _adopt_ir4_initializers(model)
     common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
-    _infer_shapes(model)
+    infer_shapes(model)
     function_graphs = frozenset(
         id(g)
         for function in model.functions.values()
@@ -331,12 +339,7 @@ def _cleanup(model: ir.Model) -> None:
     common_passes.RemoveUnusedNodesPass()(model)
     common_passes.RemoveUnusedOpsetsPass()(model)
     common_passes.TopologicalSortPass()(model)
-    _infer_shapes(model)
-
-
-def _infer_shapes(model: ir.Model) -> None:
-    # Through onnxruntime's ai.onnx extension ops too (engine/infer.py).
-    infer_shapes(model)
+    infer_shapes(model)  # through onnxruntime's ai.onnx extension ops too
 
 
 @dataclass
