@@ -332,10 +332,12 @@ def _types(
     if schema is None:
         return stated
     allowed_by_schema = schema_types(domain, op_type, since, until) or {}
-    keyed: dict[str, list[str]] = {}
+    keyed: dict[str, list[str]] = {k: v for k, v in stated.items() if k in allowed_by_schema}
     for key, listed in stated.items():
+        if key in keyed:
+            continue
         name = _variable_for(key, listed, schema, allowed_by_schema)
-        if name is not None:
+        if name is not None and name not in keyed:
             keyed[name] = listed
     return dict(sorted(restrict_to_schema(domain, op_type, since, until, keyed).items()))
 
@@ -343,15 +345,25 @@ def _types(
 def _variable_for(
     key: str, listed: list[str], schema: Any, allowed: dict[str, set[str]]
 ) -> str | None:
-    """The schema's type variable a source's key means.
+    """The schema's type variable a source's key means (None: nothing to gate on).
 
-    The sources write `T` for "the type the provider checks": usually input 0's
-    type variable, but not always (QuantizeLinear's uint8 output): the variable
-    whose allowed types share most with what they list, input 0's on a tie.
+    Kernel tables may key a constraint by the formal parameter's name
+    (Reshape's `shape`): that formal's type variable, or nothing if its type is
+    fixed. The builder sources write `T` for "the type the provider checks":
+    usually input 0's type variable, but not always (QuantizeLinear's uint8
+    output), so the variable whose allowed types share most with what they
+    list, input 0's on a tie. Other names (onnxruntime's own `V` of an older
+    LayerNormalization) mean nothing in this schema.
     """
+    for formal in (*schema.inputs, *schema.outputs):
+        if formal.name == key:
+            type_str = _type_str(formal)
+            return type_str if type_str in allowed else None
+    if key != "T":
+        return None
     first = _input0_variable(schema)
-    candidates = [key] if key in allowed else []
-    candidates += [v for v in [first, *allowed] if v is not None and v not in candidates]
+    candidates = [v for v in [first, *allowed] if v is not None]
+    candidates = list(dict.fromkeys(candidates))
     overlap = [len(set(listed) & allowed.get(name, set())) for name in candidates]
     if not any(overlap):
         return None
