@@ -105,8 +105,8 @@ def _graphs(args, parser, command: str) -> int:
     from onnxfuse.targets import builtin_target_names
 
     known_targets = builtin_target_names()
-    # By default the two targets that bound the others: every onnxruntime kernel,
-    # and standard ops only. `--target all` takes every built-in target.
+    # By default cpu and onnx (onnxruntime's own kernels, standard ops only), as
+    # before there were other targets; `--target all` takes every built-in one.
     targets = args.target or DEFAULT_TARGETS
     if "all" in targets:
         targets = known_targets
