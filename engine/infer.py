@@ -15,10 +15,6 @@ import onnx_ir as ir
 from onnxfuse import extension_ops
 from onnxfuse.language import schemas
 
-# Rounds of "type the extension outputs, infer again": one per extension op on a
-# chain (each round reaches the next one); the cap only bounds pathological graphs.
-_MAX_ROUNDS = 64
-
 
 def infer_node(node: ir.Node, opset: int) -> None:
     """Fill in the type and shape of ``node``'s outputs where onnx can infer them.
@@ -73,30 +69,34 @@ def infer_node(node: ir.Node, opset: int) -> None:
 def infer_shapes(model: ir.Model) -> None:
     """onnx's shape inference over the whole model, through extension ops.
 
-    A help, not a requirement: where inference fails, values stay as they were.
+    onnx leaves the outputs of extension ops, and everything computed from them,
+    untyped. Where the model holds any, one walk in graph order types them by
+    their stand-ins and the nodes after them by their own schemas (node by node),
+    then onnx's inference runs again to refine what the walk could not see
+    (shapes computed at run time). A help, not a requirement: where inference
+    fails, values stay as they were.
     """
-    for _ in range(_MAX_ROUNDS):
+    _infer_once(model)
+    if _type_through_extension_ops(model):
         _infer_once(model)
-        if not _type_extension_outputs(model):
-            return
 
 
-def _type_extension_outputs(model: ir.Model) -> bool:
-    """Type the untyped outputs of extension nodes; whether any got a type."""
-    changed = False
+def _type_through_extension_ops(model: ir.Model) -> bool:
+    """Type the untyped outputs of extension nodes and of the nodes after them, in
+    graph order; whether any extension node was met."""
+    found = False
     for graph, opsets in _graphs_with_opsets(model):
         opset = opsets.get("", opsets.get("ai.onnx"))
         if opset is None:
             continue
+        reached = False  # only values after an extension node are left untyped by onnx
         for node in graph:
-            if not extension_ops.is_extension(node.domain, node.op_type, opset):
-                continue
-            untyped = [o for o in node.outputs if o.type is None]
-            if not untyped:
-                continue
-            infer_node(node, opset)
-            changed |= any(o.type is not None for o in untyped)
-    return changed
+            if extension_ops.is_extension(node.domain, node.op_type, opset):
+                found = reached = True
+            if reached and any(o.type is None for o in node.outputs):
+                version = opset if node.domain in ("", "ai.onnx") else opsets.get(node.domain, 1)
+                infer_node(node, version)
+    return found
 
 
 def _graphs_with_opsets(model: ir.Model) -> list[tuple[ir.Graph, dict[str, int]]]:

@@ -35,6 +35,17 @@ LOOSER = {
 }
 
 
+# Models onnxfuse refuses, and the words of the refusal.
+REJECTED = {
+    # A value_info without a shape: invalid ONNX, which onnxruntime tolerates.
+    "conv_clip11.onnx": "Field 'shape' of 'type' is required",
+    "conv_hardsigmoid.onnx": "Field 'shape' of 'type' is required",
+    # Declared output shapes the graph does not compute (folding makes them visible).
+    "reshape_fusion_concat_subgraph_not_triggered.onnx": "is declared with a shape",
+    "reshape_fusion_with_graph_inputs.onnx": "is declared with a shape",
+}
+
+
 def _not_comparable(entry: dict) -> str | None:
     notes = entry["notes"] or ""
     for marker in ("random", "ORT run fail", "not executed"):
@@ -56,9 +67,12 @@ def test_optimized_peer_model_is_valid_and_equivalent(entry, rules, tmp_path):
         # Saving runs onnx's full checker on the result before it is renamed into place.
         report = optimize_file(path, out, rules, Options(target=load_target("cpu")))
     except ModelError as exc:
-        # Loadable by onnxruntime but not valid ONNX (LayerNormalization at opset 12
-        # from old exporters, unsorted nodes, declared output shapes the graph does
-        # not compute): onnxfuse refuses it with a one-line error, never a bad model.
+        # Loadable by onnxruntime but not valid ONNX: onnxfuse refuses it with a
+        # one-line error, never a bad model. Only these; onnxruntime's ai.onnx
+        # extension ops (LayerNormalization at opset 12) load and must run.
+        expected = REJECTED.get(entry["model"])
+        if expected is None or expected not in str(exc):
+            raise
         pytest.skip(f"rejected as invalid ONNX: {exc}")
     assert report.nodes_after <= entry["nodes_before"]
     if _not_comparable(entry):
