@@ -89,6 +89,8 @@ class Folder:
         if results is None:
             results = self._constant_of_shape_result(node)
         if results is None:
+            results = self._constant_node_result(node)
+        if results is None:
             inputs = self._constant_inputs(node)
             if inputs is None:
                 return False
@@ -165,6 +167,17 @@ class Folder:
         if int(np.prod(dims)) * fill.dtype.itemsize > self.context.limit_bytes:
             return None
         return [np.full(dims, fill[0], dtype=fill.dtype)]
+
+    def _constant_node_result(self, node: ir.Node) -> list[np.ndarray] | None:
+        """A Constant's value read directly: rule targets write value_ints or
+        value_float, which the model's opset (before 12) may not know."""
+        if node.op_type != "Constant" or len(node.outputs) != 1:
+            return None
+        try:
+            tensor = ir.convenience.get_const_tensor(node.outputs[0])
+        except Exception:  # an attribute onnx_ir cannot read: leave it to the evaluator
+            return None
+        return None if tensor is None else [tensor.numpy()]
 
     def _evaluate(self, node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
         names = [f"i{k}" if a is not None else "" for k, a in enumerate(inputs)]

@@ -25,7 +25,7 @@ import onnx
 import onnx_ir as ir
 from onnx import helper, numpy_helper
 
-from onnxfuse.errors import InvariantError
+from onnxfuse.errors import InvariantError, OnnxfuseError
 from onnxfuse.language.rule import Rule
 from onnxfuse.proof.domain import Domain, VerifyError, parse_domain
 from onnxfuse.proof.draw import Drawer, HypothesisDrawer, RandomDrawer, Reject
@@ -50,6 +50,8 @@ from onnxfuse.targets import Target, load_target
 
 # Matcher failures that mean "the guards (or the target) reject this instance".
 _REJECTING = ("guard '", "let ", "target '")
+# Normalization folded the anchor away (a Shape of a static shape): nothing to prove there.
+_FOLDED_AWAY = "the source folds to constants before rules run"
 META = "onnxfuse.check."
 
 
@@ -138,7 +140,10 @@ def why_not(
     """The matcher's reason for not matching at ``node`` (default: every anchor node)."""
     from onnxfuse.api import explain
 
-    found = explain(ir.from_proto(model), rule, node, target)
+    try:
+        found = explain(ir.from_proto(model), rule, node, target)
+    except OnnxfuseError:  # no node of that name is left after normalization
+        return _FOLDED_AWAY
     reasons = [e.reason or "matched, but the rewrite was blocked" for e in found]
     if not reasons:
         return "no node can anchor the rule"
@@ -179,7 +184,7 @@ def _fire(
     if applied:
         return result
     reason = why_not(model, rule, target, anchor_name(instance))
-    if reason.startswith(_REJECTING) or reason.startswith("matched, but"):
+    if reason.startswith(_REJECTING) or reason.startswith("matched, but") or reason == _FOLDED_AWAY:
         raise Reject(reason)
     raise _Found(
         Failure(
