@@ -1,0 +1,336 @@
+"""onnxfuse beside onnxruntime's and onnxscript's optimizers, model by model, in one run.
+
+    python bench/parity.py [--exports ci|all|none] [--only NAME ...] [--runs N] [--no-peer]
+                           [--markdown [FILE]]
+
+Two model sets:
+
+- the torch/transformers exports of tests/exports (BERT, GPT-2, ViT, T5, Llama, small CNNs;
+  legacy exporter at opsets 14/17, dynamo at 18/20; cached in ~/.cache/onnxfuse-exports).
+  Every tool runs on each (see tests/exports/anchors.py): node count of its result, whether
+  the result runs in onnxruntime and computes the original's outputs (within 1e-4
+  relative), and the latency of each valid result under onnxruntime with graph
+  optimizations disabled: median of N runs, the models' runs alternating, same process,
+  one thread.
+- the peer models of tests/data/ort-fusion (onnxruntime's own fusion test models):
+  onnxfuse's and onnxscript's node counts beside onnxruntime's (from manifest.json,
+  ORT_ENABLE_EXTENDED), and the fused ops onnxruntime creates that onnxfuse's result lacks.
+
+`--markdown` writes the tables to docs/parity.md (or FILE) with the command and date on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import onnxscript  # noqa: E402
+from exports.anchors import (  # noqa: E402
+    ANCHORS,
+    TOOLS,
+    Result,
+    best_anchor,
+    compare,
+    count_nodes,
+    latency_ms,
+    op_histogram,
+    quiet,
+)
+
+from onnxfuse.api import optimize_file, select_rules  # noqa: E402
+from onnxfuse.errors import OnnxfuseError  # noqa: E402
+from onnxfuse.optimizer import Options  # noqa: E402
+from onnxfuse.targets import load_target  # noqa: E402
+
+PEER_DIR = ROOT / "tests" / "data" / "ort-fusion"
+SHORT = {
+    "onnxfuse": "onnxfuse",
+    "ort-extended": "ORT ext",
+    "ort-transformers": "ORT transformers",
+    "onnxscript": "onnxscript",
+}
+
+
+def export_rows(names: list[str] | None, which: str, runs: int, rules) -> list[dict]:
+    from exports.export import EXPORTERS, export_name, get_export
+    from exports.models import MODELS
+
+    try:
+        from test_exports import CI_EXPORTS, KNOWN_GAPS
+    except Exception:  # the test module skips itself without torch; the bench then cannot run
+        CI_EXPORTS, KNOWN_GAPS = (), {}
+    rows = []
+    for spec in MODELS:
+        for exporter, opset in EXPORTERS:
+            name = export_name(spec, exporter, opset)
+            if names and name not in names and spec.name not in names:
+                continue
+            if not names and which == "ci" and name not in CI_EXPORTS:
+                continue
+            print(f"  {name}", file=sys.stderr, flush=True)
+            export = get_export(spec, exporter, opset)
+            with tempfile.TemporaryDirectory() as tmp:
+                results = compare(export.path, Path(tmp), spec, export.feeds, rules)
+                paths = {"original": export.path}
+                paths |= {t: r.path for t, r in results.items() if r.valid and r.path}
+                with quiet():
+                    latency = latency_ms(paths, export.feeds, runs)
+            original = count_nodes(onnx.load(export.path, load_external_data=False).graph)
+            rows.append(
+                {
+                    "name": name,
+                    "original": original,
+                    "results": results,
+                    "latency": latency,
+                    "known_gap": KNOWN_GAPS.get(name),
+                }
+            )
+    return rows
+
+
+def peer_rows(rules) -> list[dict]:
+    import onnx_ir as ir
+    import onnxscript.optimizer
+    from onnxscript.rewriter import ort_fusions
+
+    manifest = json.loads((PEER_DIR / "manifest.json").read_text())
+    rows = []
+    target = load_target("cpu")
+    for entry in manifest:
+        ort_ops = entry["ops_after_ort_cpu_extended"]
+        if ort_ops is None:
+            continue
+        path = PEER_DIR / entry["model"]
+        row = {"name": entry["model"], "original": entry["nodes_before"], "ort": ort_ops}
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "out.onnx"
+            try:
+                optimize_file(path, out, rules, Options(target=target))
+                row["ours"] = op_histogram(onnx.load(out).graph)
+            except OnnxfuseError as exc:
+                row["ours"] = None
+                row["refused"] = str(exc).splitlines()[0][:120]
+            try:
+                with quiet():
+                    model = ir.load(str(path))
+                    onnxscript.optimizer.optimize(model)
+                    model, _ = ort_fusions.optimize_for_ort(model)
+                row["onnxscript"] = sum(1 for _ in model.graph)
+            except Exception as exc:
+                row["onnxscript"] = None
+                row["onnxscript_error"] = f"{type(exc).__name__}"
+        rows.append(row)
+    return rows
+
+
+def _nodes(result: Result) -> str:
+    if result.nodes is None:
+        return "n/a" if result.error and result.error.startswith("n/a") else "fails"
+    return str(result.nodes) if result.valid else f"{result.nodes} ✗"
+
+
+def export_table(rows: list[dict]) -> list[str]:
+    head = ["export", "original"] + [SHORT[t] for t in TOOLS] + ["best anchor", "parity"]
+    head += [f"ms {SHORT.get(t, t)}" for t in ("original", *TOOLS)]
+    head += ["best anchor's ops onnxfuse lacks"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        results = row["results"]
+        best = best_anchor(results)
+        ours = results["onnxfuse"]
+        if not ours.valid:
+            verdict = "onnxfuse invalid"
+        elif best is None:
+            verdict = "no valid anchor"
+        else:
+            diff = ours.nodes - best.nodes
+            verdict = "yes" if diff <= 0 else f"+{diff}"
+        cells = [row["name"], str(row["original"])]
+        cells += [_nodes(results[t]) for t in TOOLS]
+        cells += [f"{SHORT[best.tool]} {best.nodes}" if best else "-", verdict]
+        for tool in ("original", *TOOLS):
+            value = row["latency"].get(tool)
+            cells.append(f"{value:.3f}" if value is not None else "-")
+        lacks = sorted(k for k in best.ops if k not in ours.ops) if best and ours.valid else []
+        cells.append(", ".join(lacks))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def export_notes(rows: list[dict]) -> list[str]:
+    notes = []
+    for row in rows:
+        for tool, result in row["results"].items():
+            if result.error and not result.error.startswith("n/a"):
+                notes.append(f"- {row['name']}, {tool}: {result.error}")
+    return notes
+
+
+def peer_table(rows: list[dict]) -> list[str]:
+    head = [
+        "model",
+        "original",
+        "onnxfuse",
+        "ORT ext",
+        "onnxscript",
+        "ORT fused ops onnxfuse lacks",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        ours = row["ours"]
+        ort_nodes = sum(row["ort"].values())
+        if ours is None:
+            ours_cell, lacks = f"refused ({row['refused']})", ""
+        else:
+            ours_cell = str(sum(ours.values()))
+            if sum(ours.values()) > ort_nodes:
+                ours_cell += " ▲"
+            lacks = ", ".join(sorted(k for k in row["ort"] if k not in ours))
+        script = row["onnxscript"] if row["onnxscript"] is not None else "fails"
+        cells = [row["name"], str(row["original"]), ours_cell, str(ort_nodes), str(script), lacks]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary(export: list[dict], peer: list[dict]) -> list[str]:
+    lines = []
+    if export:
+        at = sum(
+            1
+            for r in export
+            if r["results"]["onnxfuse"].valid
+            and (b := best_anchor(r["results"])) is not None
+            and r["results"]["onnxfuse"].nodes <= b.nodes
+        )
+        beat = {
+            t: sum(
+                1
+                for r in export
+                if r["results"]["onnxfuse"].valid
+                and r["results"][t].valid
+                and r["results"]["onnxfuse"].nodes <= r["results"][t].nodes
+            )
+            for t in ANCHORS
+        }
+        valid = {t: sum(1 for r in export if r["results"][t].valid) for t in ANCHORS}
+        lines.append(
+            f"- Exports: onnxfuse at or below the best anchor's node count on {at} "
+            f"of {len(export)}."
+        )
+        for t in ANCHORS:
+            lines.append(
+                f"  - vs {SHORT[t]}: at or below on {beat[t]} of the {valid[t]} exports where "
+                f"{SHORT[t]}'s result is valid."
+            )
+    if peer:
+        ok = sum(
+            1
+            for r in peer
+            if r["ours"] is not None
+            and sum(r["ours"].values()) <= sum(r["ort"].values())
+            and all(k in r["ours"] for k in r["ort"])
+        )
+        lines.append(
+            f"- Peer models: onnxfuse has no more nodes than onnxruntime and every op it has on "
+            f"{ok} of {len(peer)} (▲: more nodes than onnxruntime)."
+        )
+    return lines
+
+
+def markdown(command: str, export: list[dict], peer: list[dict], runs: int) -> str:
+    import onnx_ir  # noqa: F401  (version below)
+
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    versions = (
+        f"onnxruntime {ort.__version__}, onnxscript {onnxscript.__version__}, "
+        f"onnx {onnx.__version__}"
+    )
+    try:
+        import torch
+        import transformers
+
+        versions += f", torch {torch.__version__}, transformers {transformers.__version__}"
+    except ImportError:
+        pass
+    out = [
+        "# Parity: onnxfuse beside onnxruntime and onnxscript",
+        "",
+        f"Generated by `{command}` on {now} ({platform.machine()}, {versions}).",
+        "Regenerate with the same command; the tables below are that run's output.",
+        "",
+        "## Summary",
+        "",
+        *summary(export, peer),
+        "",
+    ]
+    if export:
+        out += [
+            "## Exports",
+            "",
+            "Node counts of each tool's result (every node, subgraphs included); `✗`: the result",
+            "does not run in onnxruntime or its outputs differ from the original's by more than",
+            "1e-4 relative (see the notes), and it does not count as an anchor. `parity`: onnxfuse",
+            "at or below the best valid anchor, or how many nodes it has more. `ms`: median",
+            f"latency of {runs} runs under onnxruntime, graph optimizations disabled, one thread,",
+            "the models' runs alternating in one process (`-`: no valid result). ORT transformers",
+            "is `onnxruntime.transformers.optimizer.optimize_model` at opt_level 1 and 99 (the",
+            "better valid one); `n/a` for the CNNs, which it does not target.",
+            "",
+            *export_table(export),
+            "",
+        ]
+        notes = export_notes(export)
+        if notes:
+            out += ["Notes:", "", *notes, ""]
+        gaps = [f"- {r['name']}: {r['known_gap']}" for r in export if r["known_gap"]]
+        if gaps:
+            out += ["Known gaps (asserted by `tests/test_exports.py`):", "", *gaps, ""]
+    if peer:
+        out += [
+            "## Peer models (`tests/data/ort-fusion`)",
+            "",
+            "onnxruntime's own fusion test models, node counts only: onnxruntime's are from",
+            "`manifest.json` (onnxruntime 1.32, CPU, ORT_ENABLE_EXTENDED); the last column lists",
+            "the ops onnxruntime's result has and onnxfuse's lacks (mostly the fused op).",
+            "",
+            *peer_table(peer),
+            "",
+        ]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--exports", choices=("ci", "all", "none"), default="all")
+    parser.add_argument("--only", nargs="+", help="export or model names")
+    parser.add_argument("--runs", type=int, default=50, help="latency runs per model")
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--markdown", nargs="?", const=str(ROOT / "docs" / "parity.md"))
+    args = parser.parse_args(argv)
+    rules = select_rules()
+    export: list[dict] = []
+    if args.exports != "none" or args.only:
+        print("exports:", file=sys.stderr)
+        export = export_rows(args.only, args.exports, args.runs, rules)
+    peer = [] if args.no_peer or args.only else peer_rows(rules)
+    command = "python bench/parity.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = markdown(command.strip(), export, peer, args.runs)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+        print(f"wrote {args.markdown}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

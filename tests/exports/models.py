@@ -1,0 +1,399 @@
+"""Small torch models to export: HuggingFace transformers from configs, plain-torch CNNs.
+
+Every builder makes its model from a config with seeded random weights (no download),
+perturbs every parameter and buffer (default LayerNorm/BatchNorm weights of ones and zeros
+would otherwise be folded away by the exporters, hiding the patterns real models have) and
+returns the module in eval mode with example inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is ever downloaded
+
+import torch
+from torch import nn
+
+SEQ = 8
+BATCH = 2
+IMAGE = 32
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model to export, and what the anchors need to know about it."""
+
+    name: str
+    family: str  # bert, gpt2, vit, t5, llama, cnn
+    config: dict[str, Any]  # everything the builder reads; part of the cache key
+    # onnxruntime.transformers.optimizer model_type; None: not a transformer
+    ort_model_type: str | None
+    num_heads: int = 0
+    hidden_size: int = 0
+    notes: str = ""
+    # input name -> axes that are dynamic (axis -> dim name)
+    dynamic: dict[str, dict[int, str]] = field(default_factory=dict)
+
+
+@dataclass
+class Built:
+    module: nn.Module
+    inputs: dict[str, torch.Tensor]  # in forward() order
+    outputs: list[str]
+
+
+def _perturb(module: nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * 0.05
+            parameter.add_(noise.to(parameter.dtype))
+        for name, buffer in module.named_buffers():
+            if name.endswith("running_var"):
+                buffer.copy_(0.5 + torch.rand(buffer.shape, generator=generator))
+            elif name.endswith("running_mean"):
+                buffer.copy_(torch.randn(buffer.shape, generator=generator) * 0.1)
+
+
+def _token_inputs(vocab: int, mask: bool, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    inputs = {"input_ids": torch.randint(0, vocab, (BATCH, SEQ), generator=generator)}
+    if mask:
+        attention_mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
+        attention_mask[1, SEQ - 3 :] = 0  # padding in the second sequence: the mask matters
+        inputs["attention_mask"] = attention_mask
+    return inputs
+
+
+class _HiddenState(nn.Module):
+    """Calls a HuggingFace model with keyword inputs and returns one tensor."""
+
+    def __init__(self, model: nn.Module, names: list[str], output: str) -> None:
+        super().__init__()
+        self.model, self.names, self.output = model, names, output
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        result = self.model(**dict(zip(self.names, args)), use_cache=False)
+        return getattr(result, self.output)
+
+
+def _hf(model: nn.Module, inputs: dict[str, torch.Tensor], output: str, seed: int) -> Built:
+    _perturb(model, seed)
+    wrapper = _HiddenState(model, list(inputs), output).eval()
+    model.eval()
+    return Built(wrapper, inputs, [output])
+
+
+def build_bert(c: dict[str, Any]) -> Built:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(c["seed"])
+    config = BertConfig(
+        vocab_size=c["vocab"],
+        hidden_size=c["hidden"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        intermediate_size=c["hidden"] * 2,
+        max_position_embeddings=64,
+        attn_implementation=c["attention"],
+    )
+    inputs = _token_inputs(c["vocab"], c["mask"], c["seed"])
+    return _hf(BertModel(config, add_pooling_layer=False), inputs, "last_hidden_state", c["seed"])
+
+
+def build_vit(c: dict[str, Any]) -> Built:
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(c["seed"])
+    config = ViTConfig(
+        hidden_size=c["hidden"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        intermediate_size=c["hidden"] * 2,
+        image_size=IMAGE,
+        patch_size=8,
+        attn_implementation=c["attention"],
+    )
+    generator = torch.Generator().manual_seed(c["seed"])
+    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
+    model = ViTModel(config, add_pooling_layer=False)
+    return _hf(model, {"pixel_values": pixels}, "last_hidden_state", c["seed"])
+
+
+def build_t5(c: dict[str, Any]) -> Built:
+    from transformers import T5Config, T5EncoderModel, T5ForConditionalGeneration
+
+    torch.manual_seed(c["seed"])
+    config = T5Config(
+        vocab_size=c["vocab"],
+        d_model=c["hidden"],
+        d_kv=c["hidden"] // c["heads"],
+        d_ff=c["hidden"] * 2,
+        num_layers=c["layers"],
+        num_decoder_layers=c["layers"],
+        num_heads=c["heads"],
+        relative_attention_num_buckets=8,
+        attn_implementation=c["attention"],
+    )
+    inputs = _token_inputs(c["vocab"], True, c["seed"])
+    if c["decoder"]:
+        generator = torch.Generator().manual_seed(c["seed"] + 1)
+        inputs["decoder_input_ids"] = torch.randint(
+            0, c["vocab"], (BATCH, SEQ), generator=generator
+        )
+        return _hf(T5ForConditionalGeneration(config), inputs, "logits", c["seed"])
+    return _hf(T5EncoderModel(config), inputs, "last_hidden_state", c["seed"])
+
+
+def build_llama(c: dict[str, Any]) -> Built:
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(c["seed"])
+    config = LlamaConfig(
+        vocab_size=c["vocab"],
+        hidden_size=c["hidden"],
+        intermediate_size=c["hidden"] * 2,
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        num_key_value_heads=c["kv_heads"],
+        max_position_embeddings=64,
+        attn_implementation=c["attention"],
+    )
+    inputs = _token_inputs(c["vocab"], True, c["seed"])
+    return _hf(LlamaModel(config), inputs, "last_hidden_state", c["seed"])
+
+
+class _Gpt2(nn.Module):
+    """GPT-2 LM head; with `past`, key/value caches in and out as plain tensors."""
+
+    def __init__(self, model: nn.Module, layers: int, past: bool) -> None:
+        super().__init__()
+        self.model, self.layers, self.past = model, layers, past
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *past: torch.Tensor):
+        if not self.past:
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).logits
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        for layer in range(self.layers):
+            cache.update(past[2 * layer], past[2 * layer + 1], layer)
+        result = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            use_cache=True,
+        )
+        present = []
+        returned = getattr(result, "cache", None) or result.past_key_values
+        for layer in returned.layers:
+            present += [layer.keys, layer.values]
+        return (result.logits, *present)
+
+
+def build_gpt2(c: dict[str, Any]) -> Built:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(c["seed"])
+    config = GPT2Config(
+        vocab_size=c["vocab"],
+        n_embd=c["hidden"],
+        n_layer=c["layers"],
+        n_head=c["heads"],
+        n_positions=64,
+        bos_token_id=0,  # the default 50256 is outside the small vocabulary
+        eos_token_id=0,
+        attn_implementation=c["attention"],
+    )
+    model = GPT2LMHeadModel(config)
+    _perturb(model, c["seed"])
+    model.eval()
+    inputs = _token_inputs(c["vocab"], True, c["seed"])
+    outputs = ["logits"]
+    if c["past"]:
+        past_len = 5
+        generator = torch.Generator().manual_seed(c["seed"] + 1)
+        head = c["hidden"] // c["heads"]
+        inputs["attention_mask"] = torch.ones(BATCH, past_len + SEQ, dtype=torch.int64)
+        for layer in range(c["layers"]):
+            for kind in ("key", "value"):
+                inputs[f"past_{kind}_{layer}"] = torch.randn(
+                    BATCH, c["heads"], past_len, head, generator=generator
+                )
+                outputs.append(f"present_{kind}_{layer}")
+    return Built(_Gpt2(model, c["layers"], c["past"]).eval(), inputs, outputs)
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int, stride: int) -> None:
+        super().__init__()
+        out = channels * stride
+        self.conv1 = nn.Conv2d(channels, out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out)
+        self.conv2 = nn.Conv2d(out, out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out)
+        self.shortcut = (
+            nn.Sequential(nn.Conv2d(channels, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+            if stride != 1
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class ResNetSmall(nn.Module):
+    """A ResNet-18-style stem, two stages of basic blocks, global pooling, classifier."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
+        )
+        self.pool = nn.MaxPool2d(2)
+        self.stage1 = _ResidualBlock(width, 1)
+        self.stage2 = _ResidualBlock(width, 2)
+        self.head = nn.Linear(width * 2, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stage2(self.stage1(self.pool(self.stem(x))))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+class _InvertedResidual(nn.Module):
+    """MobileNetV2/V3 block: expand 1x1, depthwise 3x3, project 1x1, residual if shapes agree."""
+
+    def __init__(self, channels: int, out: int, stride: int, act: type[nn.Module]) -> None:
+        super().__init__()
+        hidden = channels * 4
+        self.block = nn.Sequential(
+            nn.Conv2d(channels, hidden, 1, bias=False),
+            nn.BatchNorm2d(hidden),
+            act(),
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            act(),
+            nn.Conv2d(hidden, out, 1, bias=False),
+            nn.BatchNorm2d(out),
+        )
+        self.residual = stride == 1 and channels == out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block(x)
+        return x + y if self.residual else y
+
+
+class MobileNetSmall(nn.Module):
+    def __init__(self, width: int, act: str) -> None:
+        super().__init__()
+        activation = {"relu6": nn.ReLU6, "hardswish": nn.Hardswish}[act]
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, width, 3, 2, 1, bias=False), nn.BatchNorm2d(width), activation()
+        )
+        self.blocks = nn.Sequential(
+            _InvertedResidual(width, width, 1, activation),
+            _InvertedResidual(width, width * 2, 2, activation),
+            _InvertedResidual(width * 2, width * 2, 1, activation),
+        )
+        self.head = nn.Linear(width * 2, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.blocks(self.stem(x))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+def build_cnn(c: dict[str, Any]) -> Built:
+    torch.manual_seed(c["seed"])
+    if c["arch"] == "resnet":
+        model: nn.Module = ResNetSmall(c["width"])
+    else:
+        model = MobileNetSmall(c["width"], c["act"])
+    _perturb(model, c["seed"])
+    generator = torch.Generator().manual_seed(c["seed"])
+    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
+    return Built(model.eval(), {"pixel_values": pixels}, ["logits"])
+
+
+BUILDERS: dict[str, Callable[[dict[str, Any]], Built]] = {
+    "bert": build_bert,
+    "vit": build_vit,
+    "t5": build_t5,
+    "llama": build_llama,
+    "gpt2": build_gpt2,
+    "cnn": build_cnn,
+}
+
+_TOKENS = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+_IMAGES = {"pixel_values": {0: "batch"}}
+
+
+def _text(name: str, family: str, ort_type: str | None, notes: str = "", **config) -> ModelSpec:
+    config = {"seed": 0, "vocab": 100, "layers": 2, "attention": "eager", **config}
+    dynamic = {k: v for k, v in _TOKENS.items() if k != "attention_mask" or config.get("mask", 1)}
+    if config.get("decoder"):
+        dynamic["decoder_input_ids"] = {0: "batch", 1: "decoder_seq"}
+    return ModelSpec(
+        name, family, config, ort_type, config["heads"], config["hidden"], notes, dynamic
+    )
+
+
+def _gpt2(name: str, past: bool, **config) -> ModelSpec:
+    spec = _text(name, "gpt2", "gpt2", past=past, **config)
+    if past:
+        dynamic = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"}}
+        for layer in range(spec.config["layers"]):
+            for kind in ("key", "value"):
+                dynamic[f"past_{kind}_{layer}"] = {0: "batch", 2: "past"}
+        spec = ModelSpec(**{**spec.__dict__, "dynamic": dynamic})
+    return spec
+
+
+# The model set. Hidden sizes 32-64, two layers: the whole set exports in minutes on 2 cores.
+MODELS: list[ModelSpec] = [
+    _text("bert-mask", "bert", "bert", hidden=32, heads=4, mask=True),
+    _text("bert-nomask", "bert", "bert", hidden=32, heads=4, mask=False),
+    _text("bert-sdpa-h64", "bert", "bert", hidden=64, heads=2, mask=True, attention="sdpa"),
+    _gpt2("gpt2", past=False, hidden=32, heads=4),
+    _gpt2("gpt2-past", past=True, hidden=32, heads=4),
+    ModelSpec(
+        "vit",
+        "vit",
+        {"seed": 0, "hidden": 32, "heads": 4, "layers": 2, "attention": "eager"},
+        "vit",
+        4,
+        32,
+        dynamic=_IMAGES,
+    ),
+    _text("t5-encoder", "t5", "t5", hidden=32, heads=4, decoder=False, mask=True),
+    _text("t5-seq2seq", "t5", "t5", hidden=32, heads=4, decoder=True, mask=True),
+    _text("llama-gqa", "llama", "gpt2", hidden=64, heads=4, kv_heads=2, mask=True),
+    ModelSpec(
+        "resnet-small", "cnn", {"seed": 0, "arch": "resnet", "width": 16}, None, dynamic=_IMAGES
+    ),
+    ModelSpec(
+        "mobilenet-relu6",
+        "cnn",
+        {"seed": 0, "arch": "mobilenet", "width": 16, "act": "relu6"},
+        None,
+        dynamic=_IMAGES,
+    ),
+    ModelSpec(
+        "mobilenet-hardswish",
+        "cnn",
+        {"seed": 0, "arch": "mobilenet", "width": 16, "act": "hardswish"},
+        None,
+        dynamic=_IMAGES,
+    ),
+]
+MODELS_BY_NAME = {spec.name: spec for spec in MODELS}
+
+
+def build(spec: ModelSpec) -> Built:
+    return BUILDERS[spec.family](spec.config)
