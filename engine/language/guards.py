@@ -7,8 +7,6 @@ rule is loaded; they are interpreted node by node, never passed to ``eval``.
 from __future__ import annotations
 
 import ast
-import operator
-from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,15 +14,12 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnxfuse.language import symbolic
+from onnxfuse.language import interpreter, symbolic
+from onnxfuse.language.interpreter import Dialect
 
 # Results larger than this are refused: a guard must stay cheap to evaluate.
 _MAX_SEQUENCE = 10_000
 _MAX_VALUE_ELEMENTS = 4096
-# The interpreter recurses over the tree: keep it far from Python's limit.
-_MAX_DEPTH = 60
-_MAX_EXPRESSION_CHARS = 4000
-_MAX_INT_BITS = 4096
 
 
 class GuardSyntaxError(Exception):
@@ -300,56 +295,12 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {
 
 CONSTANTS: dict[str, Any] = {"True": True, "False": False, "None": None}
 
-_BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
-_UNARY: dict[type, Callable[[Any], Any]] = {
-    ast.Not: operator.not_,
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-}
-_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-    ast.Is: operator.is_,
-    ast.IsNot: operator.is_not,
-}
-_ALLOWED_NODES = (
-    ast.Expression,
-    ast.BoolOp,
-    ast.And,
-    ast.Or,
-    ast.BinOp,
-    ast.UnaryOp,
-    ast.Compare,
-    ast.Call,
-    ast.Name,
-    ast.Load,
-    ast.Constant,
-    ast.Tuple,
-    ast.List,
-    ast.Subscript,
-    ast.Slice,
-    ast.IfExp,
-    ast.ListComp,
-    ast.GeneratorExp,
-    ast.comprehension,
-    ast.Store,
-    *_BINARY,
-    *_UNARY,
-    *_COMPARE,
+GUARDS = Dialect(
+    functions=FUNCTIONS,
+    constants=CONSTANTS,
+    error=GuardUnknown,
+    max_sequence=_MAX_SEQUENCE,
+    allow_repeat=False,
 )
 
 
@@ -361,225 +312,12 @@ class Guard:
     tree: ast.Expression
 
     def evaluate(self, names: Mapping[str, Any]) -> Any:
-        return _Evaluator(names).visit(self.tree.body)
+        return interpreter.evaluate(self.tree, names, GUARDS)
 
 
 def parse_guard(text: str, known_names: set[str]) -> Guard:
     """Parse and check an expression; raise GuardSyntaxError naming the problem."""
-    if not isinstance(text, str) or not text.strip():
-        raise GuardSyntaxError("a guard must be a non-empty expression string")
-    if len(text) > _MAX_EXPRESSION_CHARS:
-        raise GuardSyntaxError(f"expression longer than {_MAX_EXPRESSION_CHARS} characters")
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise GuardSyntaxError(f"invalid expression {text!r}: {exc.msg}") from None
-    except (RecursionError, MemoryError):
-        raise GuardSyntaxError("expression nested too deeply") from None
-    if _depth(tree) > _MAX_DEPTH:
-        raise GuardSyntaxError(f"expression nested deeper than {_MAX_DEPTH} levels")
-    # Names bound by comprehensions (`[a + b for a, b in zip(p, q)]`) are local.
-    local_names = {
-        n.id
-        for c in ast.walk(tree)
-        if isinstance(c, ast.comprehension)
-        for n in ast.walk(c.target)
-        if isinstance(n, ast.Name)
-    }
-    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.comprehension) and (
-            node.is_async or not _simple_target(node.target)
-        ):
-            raise GuardSyntaxError(f"only `for name in ...` comprehensions are allowed ({text!r})")
-        if not isinstance(node, _ALLOWED_NODES):
-            raise GuardSyntaxError(
-                f"{type(node).__name__} is not allowed in a guard expression ({text!r})"
-            )
-        if isinstance(node, ast.Call):
-            _check_call(node, text)
-        elif isinstance(node, ast.Name) and id(node) not in called:
-            if node.id not in known_names | local_names and node.id not in CONSTANTS:
-                raise GuardSyntaxError(f"unknown name '{node.id}' in guard {text!r}")
-        elif isinstance(node, ast.Constant) and not isinstance(
-            node.value, (int, float, str, bool, type(None))
-        ):
-            raise GuardSyntaxError(f"literal {node.value!r} is not allowed in a guard")
+    tree = interpreter.check_syntax(text, GUARDS, GuardSyntaxError, "guard")
+    for name in sorted(interpreter.free_names(tree, GUARDS) - known_names):
+        raise GuardSyntaxError(f"unknown name '{name}' in guard {text!r}")
     return Guard(text=text.strip(), tree=tree)
-
-
-def _depth(node: ast.AST) -> int:
-    deepest, stack = 0, [(node, 1)]
-    while stack:
-        current, level = stack.pop()
-        deepest = max(deepest, level)
-        stack.extend((child, level + 1) for child in ast.iter_child_nodes(current))
-    return deepest
-
-
-def _simple_target(target: ast.AST) -> bool:
-    if isinstance(target, ast.Name):
-        return True
-    return isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts)
-
-
-def _check_call(node: ast.Call, text: str) -> None:
-    if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
-        shown = ast.unparse(node.func)
-        raise GuardSyntaxError(f"unknown function '{shown}' in guard {text!r}")
-    if node.keywords:
-        raise GuardSyntaxError(f"keyword arguments are not allowed in guard {text!r}")
-    _, low, high = FUNCTIONS[node.func.id]
-    if not low <= len(node.args) <= high:
-        raise GuardSyntaxError(
-            f"{node.func.id}() takes {low if low == high else f'{low} to {high}'} "
-            f"argument(s) in guard {text!r}"
-        )
-
-
-class _Evaluator:
-    def __init__(self, names: Mapping[str, Any]):
-        self.names = names
-
-    def visit(self, node: ast.AST) -> Any:
-        method = getattr(self, f"visit_{type(node).__name__}")
-        return method(node)
-
-    def visit_Constant(self, node: ast.Constant) -> Any:
-        return node.value
-
-    def visit_Name(self, node: ast.Name) -> Any:
-        if node.id in CONSTANTS:
-            return CONSTANTS[node.id]
-        return self.names[node.id]
-
-    def visit_Tuple(self, node: ast.Tuple) -> Any:
-        return tuple(self.visit(e) for e in node.elts)
-
-    def visit_List(self, node: ast.List) -> Any:
-        return [self.visit(e) for e in node.elts]
-
-    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
-        if isinstance(node.op, ast.And):
-            result: Any = True
-            for operand in node.values:
-                result = self.visit(operand)
-                if not result:
-                    return result
-            return result
-        result = False
-        for operand in node.values:
-            result = self.visit(operand)
-            if result:
-                return result
-        return result
-
-    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
-        return _apply(_UNARY[type(node.op)], self.visit(node.operand))
-
-    def visit_BinOp(self, node: ast.BinOp) -> Any:
-        left, right = self.visit(node.left), self.visit(node.right)
-        if isinstance(node.op, ast.Pow) and (not isinstance(right, (int, float)) or right > 64):
-            raise GuardUnknown("exponent too large")
-        if (
-            isinstance(node.op, ast.Pow)
-            and isinstance(left, int)
-            and isinstance(right, int)
-            and abs(left) > 1
-            and left.bit_length() * right > _MAX_INT_BITS
-        ):
-            raise GuardUnknown("integer result too large")
-        if isinstance(node.op, ast.Mult) and _is_sequence_repeat(left, right):
-            raise GuardUnknown("sequence repetition is not allowed")
-        result = _apply(_BINARY[type(node.op)], left, right)
-        # Nested arithmetic could otherwise build integers of billions of digits.
-        if isinstance(result, int) and result.bit_length() > _MAX_INT_BITS:
-            raise GuardUnknown("integer result too large")
-        return result
-
-    def visit_Compare(self, node: ast.Compare) -> Any:
-        left = self.visit(node.left)
-        for op, comparator in zip(node.ops, node.comparators):
-            right = self.visit(comparator)
-            if not _apply(_COMPARE[type(op)], left, right):
-                return False
-            left = right
-        return True
-
-    def visit_Call(self, node: ast.Call) -> Any:
-        assert isinstance(node.func, ast.Name)
-        function = FUNCTIONS[node.func.id][0]
-        return _apply(function, *(self.visit(a) for a in node.args))
-
-    def visit_Subscript(self, node: ast.Subscript) -> Any:
-        container = self.visit(node.value)
-        index = self.visit(node.slice)
-        return _apply(operator.getitem, container, index)
-
-    def visit_Slice(self, node: ast.Slice) -> Any:
-        parts = (node.lower, node.upper, node.step)
-        return slice(*(None if p is None else self.visit(p) for p in parts))
-
-    def visit_IfExp(self, node: ast.IfExp) -> Any:
-        return self.visit(node.body) if self.visit(node.test) else self.visit(node.orelse)
-
-    def visit_ListComp(self, node: ast.ListComp) -> Any:
-        return list(self._comprehend(node.elt, node.generators))
-
-    def visit_GeneratorExp(self, node: ast.GeneratorExp) -> Any:
-        return tuple(self._comprehend(node.elt, node.generators))
-
-    def _comprehend(self, element: ast.AST, generators: list[ast.comprehension]) -> list[Any]:
-        results: list[Any] = []
-        outer = self.names
-
-        def loop(index: int, scope: Mapping[str, Any]) -> None:
-            if index == len(generators):
-                self.names = scope
-                results.append(self.visit(element))
-                if len(results) > _MAX_SEQUENCE:
-                    raise GuardUnknown("comprehension too long")
-                return
-            generator = generators[index]
-            self.names = scope
-            for item in _bounded(self.visit(generator.iter)):
-                local: dict[str, Any] = {}
-                _assign(generator.target, item, local)
-                inner = ChainMap(local, scope)
-                self.names = inner
-                if all(self.visit(condition) for condition in generator.ifs):
-                    loop(index + 1, inner)
-
-        try:
-            loop(0, outer)
-        finally:
-            self.names = outer
-        return results
-
-
-def _assign(target: ast.AST, item: Any, scope: dict[str, Any]) -> None:
-    if isinstance(target, ast.Name):
-        scope[target.id] = item
-        return
-    assert isinstance(target, ast.Tuple)
-    values = _bounded(item)
-    if len(values) != len(target.elts):
-        raise GuardUnknown("cannot unpack in comprehension")
-    for element, value in zip(target.elts, values):
-        assert isinstance(element, ast.Name)
-        scope[element.id] = value
-
-
-def _is_sequence_repeat(left: Any, right: Any) -> bool:
-    sequences = (str, list, tuple)
-    return isinstance(left, sequences) or isinstance(right, sequences)
-
-
-def _apply(function: Callable[..., Any], *args: Any) -> Any:
-    """Call a whitelisted function; turn Python errors into 'cannot decide'."""
-    try:
-        return function(*args)
-    except GuardUnknown:
-        raise
-    except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, OverflowError) as exc:
-        raise GuardUnknown(str(exc)) from None

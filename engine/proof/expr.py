@@ -3,22 +3,23 @@
 Shapes, constant values and attribute values of a rule's ``verify:`` domain
 are computed by expressions over the names drawn so far (dimensions,
 attribute values, ``opset``, ``T``) and the variables already built
-(``shape(X)``, ``value(X)``). The syntax is the guard language's (Python
-expressions parsed with ``ast``, checked against a whitelist, never passed to
-``eval``) with list comprehensions and a few more functions, since a domain
-often builds a list element by element.
+(``shape(X)``, ``value(X)``). The language is the guards' (``onnxfuse.language.interpreter``)
+with other functions, ``inf`` and ``nan``, longer sequences and repetition
+(``[1] * R``), since a domain often builds a list element by element.
 """
 
 from __future__ import annotations
 
 import ast
 import math
-import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from onnxfuse.language import interpreter
+from onnxfuse.language.interpreter import Dialect
 
 _MAX_SEQUENCE = 100_000
 
@@ -158,56 +159,12 @@ CONSTANTS: dict[str, Any] = {
     "nan": math.nan,
 }
 
-_BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
-_UNARY: dict[type, Callable[[Any], Any]] = {
-    ast.Not: operator.not_,
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-}
-_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-    ast.Is: operator.is_,
-    ast.IsNot: operator.is_not,
-}
-_ALLOWED = (
-    ast.Expression,
-    ast.BoolOp,
-    ast.And,
-    ast.Or,
-    ast.BinOp,
-    ast.UnaryOp,
-    ast.Compare,
-    ast.Call,
-    ast.Name,
-    ast.Load,
-    ast.Store,
-    ast.Constant,
-    ast.Tuple,
-    ast.List,
-    ast.Subscript,
-    ast.Slice,
-    ast.IfExp,
-    ast.ListComp,
-    ast.GeneratorExp,
-    ast.comprehension,
-    *_BINARY,
-    *_UNARY,
-    *_COMPARE,
+DOMAINS = Dialect(
+    functions=FUNCTIONS,
+    constants=CONSTANTS,
+    error=ExprError,
+    max_sequence=_MAX_SEQUENCE,
+    allow_repeat=True,
 )
 
 
@@ -220,185 +177,13 @@ class Expr:
 
     def names(self) -> set[str]:
         """Free names the expression reads (comprehension targets excluded)."""
-        bound = {
-            n.id
-            for n in ast.walk(self.tree)
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
-        }
-        calls = {id(n.func) for n in ast.walk(self.tree) if isinstance(n, ast.Call)}
-        return {
-            n.id
-            for n in ast.walk(self.tree)
-            if isinstance(n, ast.Name)
-            and isinstance(n.ctx, ast.Load)
-            and id(n) not in calls
-            and n.id not in bound
-            and n.id not in CONSTANTS
-        }
+        return interpreter.free_names(self.tree, DOMAINS)
 
     def evaluate(self, names: Mapping[str, Any]) -> Any:
-        return _Evaluator(dict(names)).visit(self.tree.body)
+        return interpreter.evaluate(self.tree, names, DOMAINS)
 
 
 def parse_expr(text: str) -> Expr:
     """Parse and check an expression; raise ExprError naming the problem."""
-    if not isinstance(text, str) or not text.strip():
-        raise ExprError("an expression must be a non-empty string")
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise ExprError(f"invalid expression {text!r}: {exc.msg}") from None
-    for node in ast.walk(tree):
-        if not isinstance(node, _ALLOWED):
-            raise ExprError(f"{type(node).__name__} is not allowed in an expression ({text!r})")
-        if isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
-                raise ExprError(f"unknown function '{ast.unparse(node.func)}' in {text!r}")
-            if node.keywords:
-                raise ExprError(f"keyword arguments are not allowed in {text!r}")
-            _, low, high = FUNCTIONS[node.func.id]
-            if not low <= len(node.args) <= high:
-                raise ExprError(f"{node.func.id}() takes {low} to {high} argument(s) in {text!r}")
-        elif isinstance(node, ast.comprehension) and node.is_async:
-            raise ExprError(f"async comprehensions are not allowed in {text!r}")
-        elif isinstance(node, ast.Constant) and not isinstance(
-            node.value, (int, float, str, bool, type(None))
-        ):
-            raise ExprError(f"literal {node.value!r} is not allowed in {text!r}")
+    tree = interpreter.check_syntax(text, DOMAINS, ExprError)
     return Expr(text=text.strip(), tree=tree)
-
-
-class _Evaluator:
-    def __init__(self, names: dict[str, Any]):
-        self.names = names
-
-    def visit(self, node: ast.AST) -> Any:
-        return getattr(self, f"visit_{type(node).__name__}")(node)
-
-    def visit_Constant(self, node: ast.Constant) -> Any:
-        return node.value
-
-    def visit_Name(self, node: ast.Name) -> Any:
-        if node.id in self.names:
-            return self.names[node.id]
-        if node.id in CONSTANTS:
-            return CONSTANTS[node.id]
-        raise ExprError(f"unknown name '{node.id}'")
-
-    def visit_Tuple(self, node: ast.Tuple) -> Any:
-        return tuple(self.visit(e) for e in node.elts)
-
-    def visit_List(self, node: ast.List) -> Any:
-        return [self.visit(e) for e in node.elts]
-
-    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
-        result: Any = isinstance(node.op, ast.And)
-        for operand in node.values:
-            result = self.visit(operand)
-            if isinstance(node.op, ast.And) and not result:
-                return result
-            if isinstance(node.op, ast.Or) and result:
-                return result
-        return result
-
-    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
-        return _apply(_UNARY[type(node.op)], self.visit(node.operand))
-
-    def visit_BinOp(self, node: ast.BinOp) -> Any:
-        left, right = self.visit(node.left), self.visit(node.right)
-        if isinstance(node.op, ast.Pow) and (not isinstance(right, (int, float)) or right > 64):
-            raise ExprError("exponent too large")
-        if isinstance(node.op, ast.Mult):
-            for seq, count in ((left, right), (right, left)):
-                if (
-                    isinstance(seq, (list, tuple, str))
-                    and isinstance(count, int)
-                    and len(seq) * count > _MAX_SEQUENCE
-                ):
-                    raise ExprError("sequence repetition too long")
-        return _apply(_BINARY[type(node.op)], left, right)
-
-    def visit_Compare(self, node: ast.Compare) -> Any:
-        left = self.visit(node.left)
-        for op, comparator in zip(node.ops, node.comparators):
-            right = self.visit(comparator)
-            if not _apply(_COMPARE[type(op)], left, right):
-                return False
-            left = right
-        return True
-
-    def visit_Call(self, node: ast.Call) -> Any:
-        assert isinstance(node.func, ast.Name)
-        function = FUNCTIONS[node.func.id][0]
-        return _apply(function, *(self.visit(a) for a in node.args))
-
-    def visit_Subscript(self, node: ast.Subscript) -> Any:
-        return _apply(operator.getitem, self.visit(node.value), self.visit(node.slice))
-
-    def visit_Slice(self, node: ast.Slice) -> Any:
-        parts = (node.lower, node.upper, node.step)
-        return slice(*(None if p is None else self.visit(p) for p in parts))
-
-    def visit_IfExp(self, node: ast.IfExp) -> Any:
-        return self.visit(node.body) if self.visit(node.test) else self.visit(node.orelse)
-
-    def visit_ListComp(self, node: ast.ListComp) -> Any:
-        return self._comprehension(node.elt, node.generators)
-
-    def visit_GeneratorExp(self, node: ast.GeneratorExp) -> Any:
-        return self._comprehension(node.elt, node.generators)
-
-    def _comprehension(self, elt: ast.AST, generators: list[ast.comprehension]) -> list[Any]:
-        results: list[Any] = []
-        saved = dict(self.names)
-        try:
-            self._loop(elt, generators, results)
-        finally:
-            self.names = saved
-        return results
-
-    def _loop(self, elt: ast.AST, generators: list[ast.comprehension], out: list[Any]) -> None:
-        if not generators:
-            out.append(self.visit(elt))
-            if len(out) > _MAX_SEQUENCE:
-                raise ExprError("comprehension too long")
-            return
-        first, rest = generators[0], generators[1:]
-        iterable = self.visit(first.iter)
-        try:
-            items = list(iterable)
-        except TypeError:
-            raise ExprError("a comprehension must iterate over a sequence") from None
-        for item in items:
-            self._bind(first.target, item)
-            if all(self.visit(condition) for condition in first.ifs):
-                self._loop(elt, rest, out)
-
-    def _bind(self, target: ast.AST, item: Any) -> None:
-        if isinstance(target, ast.Name):
-            self.names[target.id] = item
-        elif isinstance(target, (ast.Tuple, ast.List)):
-            parts = list(item)
-            if len(parts) != len(target.elts):
-                raise ExprError("cannot unpack: wrong number of values")
-            for sub, part in zip(target.elts, parts):
-                self._bind(sub, part)
-        else:
-            raise ExprError("comprehension targets must be names")
-
-
-def _apply(function: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return function(*args)
-    except ExprError:
-        raise
-    except (
-        TypeError,
-        ValueError,
-        IndexError,
-        KeyError,
-        ZeroDivisionError,
-        OverflowError,
-        AttributeError,
-    ) as exc:
-        raise ExprError(str(exc) or type(exc).__name__) from None
