@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import signal
 import traceback
@@ -219,6 +220,9 @@ class Original:
     feed_sets: list
     outputs: list[list[np.ndarray]]
     tolerances: list[tuple[float, float]]
+    # Results onnxruntime already ran and matched: many targets optimize a model to the
+    # same bytes, and the same bytes give the same outputs.
+    matched: set[bytes] = field(default_factory=set)
 
 
 _FLOAT_TYPES = (
@@ -366,8 +370,12 @@ def _check_result(
         if before != after:
             message = f"graph {kind}s {before} became {after}"
             return Outcome("fail", "interface", message, "", applied)
+    data = proto.SerializeToString()
+    digest = hashlib.sha256(data).digest()
+    if digest in original.matched:
+        return Outcome("pass", applied=applied)
     try:
-        outputs = run_all(proto.SerializeToString(), original.feed_sets)
+        outputs = run_all(data, original.feed_sets)
         expected = original.outputs
     except Exception as exc:
         message = _first_line(exc)
@@ -393,6 +401,8 @@ def _check_result(
         problem = _beyond_rounding_noise(original, outputs, expected, list(proto.graph.output))
     if problem:
         return Outcome("fail", "mismatch", problem, "", applied)
+    if expected is original.outputs:  # onnxruntime ran it (not the reference evaluator)
+        original.matched.add(digest)
     return Outcome("pass", applied=applied)
 
 
