@@ -300,6 +300,36 @@ def test_shapes_are_inferred_through_extension_ops():
     assert relu.inputs[0].dtype == ir.DataType.FLOAT
 
 
+def test_shapes_reach_down_a_chain_of_extension_ops(tmp_path):
+    # onnx types nothing after the first extension op; one walk in graph order types
+    # the whole chain (LayerNormalization, MatMul, SimplifiedLayerNormalization, Relu).
+    weight = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    model = _model(
+        [
+            helper.make_node("LayerNormalization", ["X", "scale", "bias"], ["L"]),
+            helper.make_node("MatMul", ["L", "w"], ["M"]),
+            helper.make_node("SimplifiedLayerNormalization", ["M", "scale"], ["S"]),
+            helper.make_node("Relu", ["S"], ["Z"]),
+        ],
+        initializers=[*_weights(), weight],
+    )
+    loaded = load_model(_save(model, tmp_path / "m.onnx"), target=CPU)
+    normalize(loaded)
+    values = {n.op_type: n.outputs[0] for n in loaded.graph}
+    for op in ("LayerNormalization", "MatMul", "SimplifiedLayerNormalization"):
+        assert values[op].shape == ir.Shape(SHAPE), op
+        assert values[op].dtype == ir.DataType.FLOAT, op
+
+
+def test_unsorted_models_with_extension_ops_are_sorted_and_accepted(tmp_path):
+    model = layer_norm_12()
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    loaded = load_model(_save(model, tmp_path / "m.onnx"), target=CPU)
+    assert [n.op_type for n in loaded.graph] == ["LayerNormalization", "Relu"]
+
+
 def test_optimize_keeps_extension_ops_in_the_ai_onnx_domain(tmp_path):
     model = layer_norm_12()
     source, out = _save(model, tmp_path / "in.onnx"), tmp_path / "out.onnx"
