@@ -321,6 +321,17 @@ def test_float16_and_integer_matmuls_are_not_fused():
         assert fired == set(), dtype
 
 
+def test_the_target_decides_the_element_type():
+    # no float16 FusedMatMul on CPU; CUDA has one
+    model = matmul_model(
+        [node("Transpose", ["x"], "t"), node("MatMul", ["t", "b"], "y")],
+        {"x": ([4, 3], np.float16), "b": ([4, 5], np.float16)},
+    )
+    report, result = optimize_proto(model, ALL_RULES, target=load_target("cuda"))
+    assert report.rules["matmul-transpose-a"].applied == 1
+    assert [n.op_type for n in result.graph.node] == ["FusedMatMul"]
+
+
 def test_double_matmul_transpose_fuses():
     model = matmul_model(
         [node("Transpose", ["x"], "t"), node("MatMul", ["t", "b"], "y")],
