@@ -20,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"onnxfuse: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -50,16 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     optimize.add_argument("--disable", action="append", default=[], metavar="RULE")
     optimize.add_argument(
         "--max-iterations",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="cap on full passes over the graph (default 10)",
     )
     optimize.add_argument(
-        "--max-rewrites", type=_positive_int, default=None, help="cap on rewrites"
+        "--max-rewrites", type=positive_int, default=None, help="cap on rewrites"
     )
     optimize.add_argument(
         "--fold-limit",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="BYTES",
         help="largest constant that folding may create (default 256 MiB)",

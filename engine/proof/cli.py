@@ -6,20 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from onnxfuse.cli import positive_int
 from onnxfuse.errors import OnnxfuseError
 
 DEFAULT_EXAMPLES = 100
 DEFAULT_SAVE_DIR = "onnxfuse-check"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def add_check_command(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +29,7 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("rules", nargs="+", metavar="RULES", help="rule file(s) or pack folder(s)")
     check.add_argument(
         "--examples",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_EXAMPLES,
         metavar="N",
         help=f"instances to draw per rule (default {DEFAULT_EXAMPLES})",
