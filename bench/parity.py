@@ -25,6 +25,7 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -119,7 +120,8 @@ def peer_rows(rules) -> list[dict]:
                 row["ours"] = op_histogram(onnx.load(out).graph)
             except OnnxfuseError as exc:
                 row["ours"] = None
-                row["refused"] = str(exc).splitlines()[0][:120]
+                message = str(exc).splitlines()[0]
+                row["refused"] = _short(message.split(f"{path}: ", 1)[-1])
             try:
                 with quiet():
                     model = ir.load(str(path))
@@ -167,13 +169,36 @@ def export_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _short(message: str) -> str:
+    """One readable line: no temporary paths, no source locations, at most 160 characters."""
+    message = re.sub(r"/\S*/([^/\s]+\.onnx)", r"\1", message)
+    message = re.sub(r"/onnxruntime_src/\S+ ", "", message)
+    message = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", "", message)
+    message = re.sub(
+        r"Non-zero status code returned while running (\w+) node\. Name:'[^']*' Status Message: ",
+        r"\1: ",
+        message,
+    )
+    message = re.sub(r"onnxruntime::[\w:]+\([^)]*\) ", "", message)
+    return message if len(message) <= 160 else message[:157] + "..."
+
+
 def export_notes(rows: list[dict]) -> list[str]:
     notes = []
     for row in rows:
         for tool, result in row["results"].items():
             if result.error and not result.error.startswith("n/a"):
-                notes.append(f"- {row['name']}, {tool}: {result.error}")
+                notes.append(f"- {row['name']}, {SHORT[tool]}: {_short(result.error)}")
     return notes
+
+
+def gap_notes(rows: list[dict]) -> list[str]:
+    """KNOWN_GAPS grouped by reason, in the order the exports appear."""
+    by_reason: dict[str, list[str]] = {}
+    for row in rows:
+        if row["known_gap"]:
+            by_reason.setdefault(row["known_gap"], []).append(row["name"])
+    return [f"- {', '.join(names)}: {reason}" for reason, names in by_reason.items()]
 
 
 def peer_table(rows: list[dict]) -> list[str]:
@@ -292,7 +317,7 @@ def markdown(command: str, export: list[dict], peer: list[dict], runs: int) -> s
         notes = export_notes(export)
         if notes:
             out += ["Notes:", "", *notes, ""]
-        gaps = [f"- {r['name']}: {r['known_gap']}" for r in export if r["known_gap"]]
+        gaps = gap_notes(export)
         if gaps:
             out += ["Known gaps (asserted by `tests/test_exports.py`):", "", *gaps, ""]
     if peer:

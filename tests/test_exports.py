@@ -71,36 +71,26 @@ _SDPA = (
 )
 _GPT2 = (
     "GPT-2's Conv1D layers (Gemm between Reshapes that flatten to 2-D) are not turned back "
-    "into MatMul + Add on 3-D inputs as ORT transformers does, its causal attention (Where "
-    "on the scores) is not fused, and its pre-LayerNorm residuals need "
-    "SkipLayerNormalization's fourth output (see the ViT reason)"
+    "into MatMul + Add on 3-D inputs as ORT transformers does, and its causal attention "
+    "(Where on the scores, then Softmax) is not fused"
 )
-_PRE_LN = (
-    "pre-LayerNorm residuals: the residual Add feeds both the LayerNormalization and the "
-    "next residual, which needs SkipLayerNormalization's fourth output (the sum); onnxfuse "
-    "fuses only Adds with no other use"
+_GPT2_14 = (
+    _GPT2 + "; at opset 14 the decomposed LayerNorm whose residual sum also feeds the next "
+    "residual is not fused either"
 )
 KNOWN_GAPS: dict[str, str] = {
     "bert-mask-legacy14": _EMBED,
     "bert-mask-legacy17": _EMBED,
     "bert-sdpa-h64-dynamo18": _SDPA,
     "bert-sdpa-h64-dynamo20": _SDPA,
-    "gpt2-legacy14": _GPT2,
+    "gpt2-legacy14": _GPT2_14,
     "gpt2-legacy17": _GPT2,
     "gpt2-dynamo18": _GPT2,
     "gpt2-dynamo20": _GPT2 + "; FastGelu from the opset-20 tanh Gelu",
-    "gpt2-past-legacy14": _GPT2,
+    "gpt2-past-legacy14": _GPT2_14,
     "gpt2-past-legacy17": _GPT2,
     "gpt2-past-dynamo18": _GPT2,
     "gpt2-past-dynamo20": _GPT2 + "; FastGelu from the opset-20 tanh Gelu",
-    "vit-dynamo18": _PRE_LN,
-    "vit-dynamo20": _PRE_LN,
-    "t5-encoder-dynamo18": _PRE_LN + " (SkipSimplifiedLayerNormalization for T5's RMS norm)",
-    "t5-encoder-dynamo20": _PRE_LN + " (SkipSimplifiedLayerNormalization for T5's RMS norm)",
-    "t5-seq2seq-dynamo18": _PRE_LN + " (SkipSimplifiedLayerNormalization for T5's RMS norm)",
-    "t5-seq2seq-dynamo20": _PRE_LN + " (SkipSimplifiedLayerNormalization for T5's RMS norm)",
-    "llama-gqa-dynamo18": _PRE_LN + "; rotate_half's two Slices become one Split in onnxruntime",
-    "llama-gqa-dynamo20": _PRE_LN + "; rotate_half's two Slices become one Split in onnxruntime",
 }
 
 
@@ -175,6 +165,24 @@ def test_attention_fused_once_per_layer(name, measured):
     assert ours.ops["com.microsoft::Attention"] == layers, dict(ours.ops)
     # Nothing of the decomposed attention is left: one Softmax per layer would remain.
     assert ours.ops["Softmax"] == 0
+
+
+# Pre-LayerNorm exports: every residual Add before a norm is fused, though its sum also
+# feeds the next residual (the fused op's fourth output); only the first norm of the
+# stack, which has no residual before it, stays a plain normalization.
+PRE_LN_FUSED = {
+    "vit-legacy17": "com.microsoft::SkipLayerNormalization",
+    "llama-gqa-legacy17": "com.microsoft::SkipSimplifiedLayerNormalization",
+    "t5-encoder-legacy17": "com.microsoft::SkipSimplifiedLayerNormalization",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRE_LN_FUSED))
+def test_pre_layernorm_residuals_fused(name, measured):
+    export, results = measured(name)
+    ours = results["onnxfuse"]
+    assert ours.valid, f"{name}: {ours.error}"
+    assert ours.ops[PRE_LN_FUSED[name]] == 2 * export.spec.config["layers"], dict(ours.ops)
 
 
 def test_known_gaps_name_real_exports():
