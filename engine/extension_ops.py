@@ -59,18 +59,19 @@ def _extension_versions() -> dict[str, tuple[onnx.defs.OpSchema, ...]]:
     return {op: tuple(sorted(v, key=lambda s: s.since_version)) for op, v in found.items()}
 
 
-def _onnxruntime_extension_schemas() -> list[object]:
+@functools.cache
+def _onnxruntime_extension_schemas() -> tuple[object, ...]:
+    """onnxruntime's ai.onnx schemas at versions where no standard schema is in force."""
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
     found = []
     for schema in state.get_all_operator_schema():
         if schema.domain not in _AI_ONNX or schema.deprecated:
             continue
-        standard = standard_schema(schema.name, schema.since_version)
-        if standard is not None and standard.since_version == schema.since_version:
-            continue  # the standard's own op, registered by onnxruntime too
+        if standard_schema(schema.name, schema.since_version) is not None:
+            continue  # the standard's own op (onnxruntime registers those too)
         found.append(schema)
-    return found
+    return tuple(found)
 
 
 @functools.cache
