@@ -65,6 +65,12 @@ EXPECTED_RULES = {
     "shape-transpose",
     "reshape-computed-shape",
     "reciprocal-mul",
+    "transpose-gemm-a",
+    "transpose-gemm-b",
+    "gemm-transpose",
+    "gemm-transpose-const-c",
+    "gemm-zero-c",
+    "gemm-sum",
 }
 
 I64 = np.int64
