@@ -255,7 +255,7 @@ def summary(export: list[dict], peer: list[dict]) -> list[str]:
         for t in ANCHORS:
             lines.append(
                 f"  - vs {SHORT[t]}: at or below on {beat[t]} of the {valid[t]} exports where "
-                f"{SHORT[t]}'s result is valid."
+                "its result is valid."
             )
     if peer:
         ok = sum(
@@ -309,7 +309,9 @@ def markdown(command: str, export: list[dict], peer: list[dict], runs: int) -> s
             f"latency of {runs} runs under onnxruntime, graph optimizations disabled, one thread,",
             "the models' runs alternating in one process (`-`: no valid result). ORT transformers",
             "is `onnxruntime.transformers.optimizer.optimize_model` at opt_level 1 and 99 (the",
-            "better valid one); `n/a` for the CNNs, which it does not target.",
+            "better valid one); `n/a` for the CNNs, which it does not target. Latencies of",
+            "these tiny models are dominated by per-node overhead and vary with the machine's",
+            "load: compare within a row.",
             "",
             *export_table(export),
             "",

@@ -215,7 +215,7 @@ def _measure(tool: str, out: Path, feeds, want, produce) -> Result:
 
 def _line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return (text[0] if text else "")[:200]
+    return (text[0] if text else "")[:600]
 
 
 def compare(source: Path, workdir: Path, spec, feeds: dict[str, np.ndarray], rules) -> dict:
