@@ -246,14 +246,21 @@ class _Driver:
 
     def _add_opset_imports(self, rule: Rule, created: list[ir.Node]) -> None:
         graph = created[0].graph if created else None
+        owner = next(
+            (
+                f
+                for f in self.model.functions.values()
+                if graph is f.graph or any(graph is g for g in f.graph.subgraphs())
+            ),
+            None,
+        )
         for node in created:
-            if node.domain in self.model.opset_imports:
-                continue
-            version = rule.imports.get(node.domain, 1)
-            self.model.opset_imports[node.domain] = version
-            for function in self.model.functions.values():
-                if graph is function.graph:
-                    function.opset_imports.setdefault(node.domain, version)
+            version = self.model.opset_imports.setdefault(
+                node.domain, rule.imports.get(node.domain, 1)
+            )
+            # A function body needs its own import, even when the model already has one.
+            if owner is not None:
+                owner.opset_imports.setdefault(node.domain, version)
 
     def _neighbourhood(self, created: list[ir.Node], match: Match) -> list[ir.Node]:
         """Nodes whose matches a rewrite may have changed."""
