@@ -54,9 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="cap on full passes over the graph (default 10)",
     )
-    optimize.add_argument(
-        "--max-rewrites", type=positive_int, default=None, help="cap on rewrites"
-    )
+    optimize.add_argument("--max-rewrites", type=positive_int, default=None, help="cap on rewrites")
     optimize.add_argument(
         "--fold-limit",
         type=positive_int,
