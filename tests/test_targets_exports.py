@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 from helpers import run
-from test_targets_peer_models import _facts, _interface_copy
+from test_targets_peer_models import unsupported_created_nodes
 
 from onnxfuse.api import select_rules
 from onnxfuse.model_io import check_model, load_model
@@ -55,13 +55,7 @@ def test_every_created_node_of_an_export_runs_on_the_target(exports, rules, targ
         before = {n.name for g in all_graphs(model) for n in g}
         optimize(model, rules, Options(target=target))
         check_model(model)
-        for graph in all_graphs(model):
-            for node in graph:
-                if node.name in before or node.op_type == "Constant" or _interface_copy(node):
-                    continue
-                problem = target.check_node(_facts(node, model))
-                if problem is not None:
-                    problems.append(f"{export.name}: node '{node.name}': {problem}")
+        problems += unsupported_created_nodes(model, before, target, export.name)
         standard = all(n.domain in ("", "ai.onnx") for g in all_graphs(model) for n in g)
         if target_name == "cpu" or standard:
             actual = run(ir.serde.serialize_model(model), export.feeds)

@@ -96,6 +96,19 @@ def _interface_copy(node: ir.Node) -> bool:
     return node.op_type == "Identity" and all(o.is_graph_output() for o in node.outputs)
 
 
+def unsupported_created_nodes(model: ir.Model, before: set[str], target, label: str) -> list[str]:
+    """Each node the optimization created (not in ``before``) that ``target`` cannot run."""
+    problems = []
+    for graph in all_graphs(model):
+        for node in graph:
+            if node.name in before or node.op_type == "Constant" or _interface_copy(node):
+                continue
+            problem = target.check_node(_facts(node, model))
+            if problem is not None:
+                problems.append(f"{label}: node '{node.name}': {problem}")
+    return problems
+
+
 def test_the_probe_keeps_enough_models(corpus):
     assert len(corpus.models) >= 40
 
@@ -110,13 +123,7 @@ def test_every_created_node_runs_on_the_target(corpus, target_name):
         before = {n.name for g in all_graphs(model) for n in g}
         optimize(model, corpus.rules, Options(target=target))
         check_model(model)  # onnx's full checker
-        for graph in all_graphs(model):
-            for node in graph:
-                if node.name in before or node.op_type == "Constant" or _interface_copy(node):
-                    continue
-                problem = target.check_node(_facts(node, model))
-                if problem is not None:
-                    problems.append(f"{entry['model']}: node '{node.name}': {problem}")
+        problems += unsupported_created_nodes(model, before, target, entry["model"])
         standard = all(n.domain in ("", "ai.onnx") for g in all_graphs(model) for n in g)
         if (target_name == "cpu" or standard) and _comparable(entry):
             result = ir.serde.serialize_model(model)
