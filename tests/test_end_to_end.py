@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from exports.anchors import count_nodes
 from helpers import assert_close, make_model, random_feeds, run
 from onnx import TensorProto, helper, numpy_helper
 
@@ -212,17 +213,6 @@ def case(request, rules, tmp_path_factory) -> Case:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def count_nodes(graph: onnx.GraphProto) -> int:
-    total = len(graph.node)
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                total += count_nodes(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                total += sum(count_nodes(g) for g in attribute.graphs)
-    return total
 
 
 def interface(model: onnx.ModelProto) -> tuple[list, list]:
