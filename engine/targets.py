@@ -11,6 +11,7 @@ function, the rank of a value the rewrite creates) are not held against it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from importlib import resources
@@ -24,6 +25,7 @@ from onnxfuse.errors import OnnxfuseError, one_line
 from onnxfuse.language import schemas
 from onnxfuse.language.rule import Rule
 from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
+from onnxfuse.target_params import parse_params, split_spec
 from onnxfuse.targets_facts import NodeFacts, created_nodes, dtype_name, standard_schema
 
 OPEN_ENDED = None
@@ -162,6 +164,19 @@ class Target:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     path: Path | None = None
+    # Target parameters (``cpu:block=8``), seen by guards as ``target_params``.
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> str:
+        """The name with its parameters, as --target takes it."""
+        if not self.params:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+
+    def with_params(self, params: dict[str, Any]) -> Target:
+        """The same capabilities with these parameters (replacing any it had)."""
+        return dataclasses.replace(self, params=dict(params))
 
     @property
     def op_count(self) -> int:
@@ -283,7 +298,12 @@ def resolve_target(target: Target | str | None) -> Target | None:
 
 @functools.cache
 def load_target(name_or_path: str) -> Target:
-    """A built-in target by name, or a capability file by path (.yaml/.yml)."""
+    """A built-in target by name, or a capability file by path (.yaml/.yml),
+    optionally with parameters: ``cpu:block=8`` (see ``target_params``)."""
+    base, spec = split_spec(name_or_path)
+    if spec is not None:
+        target = load_target(base)
+        return target.with_params(parse_params(target.name, spec))
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = builtin_targets_dir() / f"{name_or_path}.yaml"

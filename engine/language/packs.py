@@ -6,6 +6,7 @@ A pack folder may hold a manifest, ``pack.yaml``::
     targets: [acme-npu]      # its rules fire only when optimizing for these targets
     replaces: [ort]          # packs it stands in for: dropped when this pack is active
     extends: [core]          # packs it builds on: loaded first (built-in ones on demand)
+    phase: layout            # when its rules run (default: fusion), see PHASES
 
 Without a manifest a pack applies to every target and replaces nothing.
 """
@@ -17,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from onnxfuse.errors import RuleError
-from onnxfuse.language.rule import Rule
+from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.language.rulefile import load_rule_file
 from onnxfuse.language.yaml_lines import LineMap, YamlError, load_yaml
 
@@ -29,6 +30,7 @@ MANIFEST_KEYS = {
     "targets": "targets its rules are for (names as in the target files)",
     "replaces": "packs this pack stands in for",
     "extends": "packs this pack builds on",
+    "phase": f"when its rules run: {' or '.join(PHASES)} (each phase reaches its fixpoint first)",
 }
 
 
@@ -41,6 +43,7 @@ class PackManifest:
     targets: list[str] | None = None  # None: every target
     replaces: list[str] = field(default_factory=list)
     extends: list[str] = field(default_factory=list)
+    phase: str = PHASES[0]
 
     def applies_to(self, target: str | None) -> bool:
         return self.targets is None or target is None or target in self.targets
@@ -105,6 +108,13 @@ def read_manifest(folder: str | Path) -> PackManifest:
             )
         return list(value)
 
+    phase = document.get("phase", PHASES[0])
+    if phase not in PHASES:
+        raise RuleError(
+            f"'phase' must be one of {', '.join(PHASES)}, got {phase!r}",
+            str(path),
+            document.line_of("phase"),
+        )
     description = document.get("description", "")
     if not isinstance(description, str):
         raise RuleError("'description' must be text", str(path), document.line_of("description"))
@@ -114,6 +124,7 @@ def read_manifest(folder: str | Path) -> PackManifest:
         targets=names("targets"),
         replaces=names("replaces") or [],
         extends=names("extends") or [],
+        phase=phase,
     )
 
 
@@ -122,9 +133,12 @@ def load_pack(folder: str | Path) -> list[Rule]:
     files = _rule_files(folder)
     if not files:
         raise RuleError("no rule files (*.yaml) in this folder", str(folder))
+    phase = read_manifest(folder).phase
     rules: list[Rule] = []
     for path in files:
         rules.extend(load_rule_file(path, pack=folder.name))
+    for rule in rules:
+        rule.phase = phase
     return rules
 
 

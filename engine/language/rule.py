@@ -25,6 +25,10 @@ _PATTERN_HEADER = '<domain: "onnxfuse.pattern", opset_import: ["" : {opset}]>\n'
 _DEFAULT_PATTERN_OPSET = 21
 # Guard name for the index of the source alternative that matched.
 ALTERNATIVE = "alternative"
+# Guard name for the target's parameters (a mapping, empty without any: `cpu:block=8`).
+TARGET_PARAMS = "target_params"
+# Rewrite phases, in the order they run; each reaches its own fixpoint before the next.
+PHASES = ("fusion", "layout")
 
 
 class RuleDefinitionError(Exception):
@@ -54,6 +58,7 @@ class Rule:
     keep: frozenset[str] = frozenset()
     pack: str = ""
     origin: str = ""
+    phase: str = PHASES[0]  # set from the pack manifest's `phase`
 
     @property
     def anchor_keys(self) -> set[tuple[str, str]]:

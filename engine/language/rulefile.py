@@ -9,6 +9,7 @@ from onnxfuse.errors import RuleError
 from onnxfuse.language.pattern import Pattern
 from onnxfuse.language.rule import (
     ALTERNATIVE,
+    TARGET_PARAMS,
     Rule,
     RuleDefinitionError,
     build_rule,
@@ -129,6 +130,7 @@ def rule_from_entry(
     # `alternative` (which source matched) unless a value of that name shadows it.
     bound = set.intersection(*(set(s.values) for s in sources)) | set(sources[0].attribute_vars)
     bound.add(ALTERNATIVE)
+    bound.add(TARGET_PARAMS)
     lets = _parse_lets(entry, bound, lines["let"])
     where = entry.get("where", [])
     if isinstance(where, str):

@@ -432,6 +432,7 @@ def check_rule(
         return report
     if isinstance(target, str):
         target = load_target(target)
+    target = with_domain_params(target, domain)
     failing_since: list[float] = []
 
     @settings(
@@ -493,6 +494,13 @@ def _generate(rule: Rule, domain: Domain, drawer: Drawer) -> Instance:
         ) from None
 
 
+def with_domain_params(target: Target | None, domain: Domain) -> Target | None:
+    """The target with the parameters the domain names (`verify: target_params`)."""
+    if target is None or not domain.target_params:
+        return target
+    return target.with_params({**target.params, **domain.target_params})
+
+
 def coverage_message(name: str, tried: int, rejected: Counter[str]) -> str:
     reasons = "; ".join(f"{r} ({n}x)" for r, n in rejected.most_common(3))
     return (
@@ -506,6 +514,7 @@ def find_firing_instance(
 ) -> tuple[Instance | None, Counter[str]]:
     """Sample (without hypothesis) until an instance fires: the coverage check."""
     rejected: Counter[str] = Counter()
+    target = with_domain_params(target, domain)
     for attempt in range(tries):
         try:
             instance = generate(rule, domain, RandomDrawer(seed + attempt))
@@ -586,6 +595,7 @@ def replay(
     try:
         domain = parse_domain(rule)
         tolerance = domain.tolerance
+        target = with_domain_params(target, domain)
     except VerifyError:
         tolerance = Domain(rule.name, [], []).tolerance
     try:

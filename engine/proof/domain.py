@@ -58,6 +58,7 @@ _DOMAIN_KEYS = {
     "special_values": "NaN, inf, -0.0, subnormal, large values in data",
     "tolerance": "a looser comparison tolerance, with a reason",
     "negatives": "mutations of an instance that must not fire",
+    "target_params": "target parameters instances are optimized with (cpu: {block: 8})",
 }
 _VAR_KEYS = {"shape", "shapes", "dtype", "constant", "present", "value", "range"}
 _NEGATIVE_KEYS = {
@@ -175,6 +176,7 @@ class Domain:
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
     tolerance_reason: str = ""
     negatives: list[Negative] = field(default_factory=list)
+    target_params: dict[str, Any] = field(default_factory=dict)
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0)))
@@ -229,6 +231,7 @@ def _parse(rule: Rule, raw: dict[str, Any]) -> Domain:
     if not isinstance(negatives, list):
         raise _Invalid("'negatives' must be a list of mutations")
     domain.negatives = [_negative(entry, i) for i, entry in enumerate(negatives)]
+    domain.target_params = dict(_mapping(raw, "target_params"))
     return domain
 
 
@@ -557,16 +560,20 @@ def _check_against_rule(rule: Rule, domain: Domain) -> None:
                 f"node_attributes.{value_name}: only nodes named in copy_attributes accept "
                 "attributes the pattern does not name"
             )
-        for source in rule.sources:
-            producer = source.values[value_name].producer
-            assert producer is not None
-            schema = latest_schema(producer.domain, producer.op_type)
-            for attr_name in attrs:
+        # With alternatives (Conv or FusedConv), an attribute one of them has is
+        # drawn for that one (an expression on `alternative` leaves it out elsewhere).
+        for attr_name in attrs:
+            missing = []
+            for source in rule.sources:
+                producer = source.values[value_name].producer
+                assert producer is not None
+                schema = latest_schema(producer.domain, producer.op_type)
                 if schema is not None and attr_name not in schema.attributes:
-                    raise _Invalid(
-                        f"node_attributes.{value_name}: {producer.op_type} has no "
-                        f"attribute '{attr_name}'"
-                    )
+                    missing.append(producer.op_type)
+            if len(missing) == len(rule.sources):
+                raise _Invalid(
+                    f"node_attributes.{value_name}: {missing[0]} has no attribute '{attr_name}'"
+                )
     for negative in domain.negatives:
         if negative.input is not None and negative.input not in variables | constants:
             raise _Invalid(f"negatives: '{negative.input}' is not a variable of the source")
