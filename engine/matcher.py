@@ -19,7 +19,7 @@ import onnx_ir as ir
 from onnxfuse.language import schemas
 from onnxfuse.language.guards import Guard, GuardUnknown, ValueRef, constant_tensor
 from onnxfuse.language.pattern import AttrLiteral, AttrRef, Pattern, PatternNode, PatternValue
-from onnxfuse.language.rule import ALTERNATIVE, Rule
+from onnxfuse.language.rule import ALTERNATIVE, TARGET_PARAMS, Rule
 from onnxfuse.targets import Target
 
 # Marks an attribute bound by the pattern but absent on the node, without a default.
@@ -480,6 +480,7 @@ class Matcher:
             names[name] = None if value is ABSENT else value
         index = next(i for i, s in enumerate(self.rule.sources) if s is source)
         names.setdefault(ALTERNATIVE, index)
+        names.setdefault(TARGET_PARAMS, dict(self.target.params) if self.target else {})
         return names
 
 

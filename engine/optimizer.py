@@ -13,7 +13,7 @@ import onnx_ir.passes.common as common_passes
 from onnxfuse.errors import InvariantError
 from onnxfuse.folding import DEFAULT_FOLD_LIMIT_BYTES, FoldContext, Folder
 from onnxfuse.infer import infer_shapes
-from onnxfuse.language.rule import Rule
+from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.matcher import Match, Matcher, ModelContext
 from onnxfuse.naming import NameSource, all_graphs, region_hash
 from onnxfuse.rewrite import Blocked, apply_match
@@ -101,8 +101,11 @@ def optimize(model: ir.Model, rules: list[Rule], options: Options | None = None)
     names = NameSource(model)
     folder = normalize(model, names, options.fold_limit_bytes)
 
-    driver = _Driver(model, order_rules(rules), options, report, names, folder)
-    driver.run()
+    # Phases run in order, each to its own fixpoint (layout after fusion).
+    for phase in PHASES:
+        phase_rules = [r for r in rules if r.phase == phase]
+        if phase_rules and not report.stopped:
+            _Driver(model, order_rules(phase_rules), options, report, names, folder).run()
 
     for graph in all_graphs(model):
         folder.fold_graph(graph)
