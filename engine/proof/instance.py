@@ -644,6 +644,13 @@ def build_model(
     if untyped_outputs and check:
         # onnx cannot type ops of other domains (com.microsoft): ask onnxruntime.
         model = _typed_by_running(model, spec, untyped_outputs)
+    intermediates = [
+        o for n in spec.nodes for o in n.outputs if o and o not in spec.outputs and o not in known
+    ]
+    if intermediates and check:
+        # Guards may read their shapes, as they do in a real graph, where the values a
+        # rewrite replaces keep theirs (an nchwc.ReorderOutput's NCHW shape).
+        model = _intermediates_typed_by_running(model, spec, intermediates)
     if check:
         try:
             onnx.checker.check_model(model, full_check=True)
@@ -673,6 +680,28 @@ def _typed_by_running(
         if value.name in names:
             code = helper.np_dtype_to_tensor_dtype(np.asarray(result).dtype)
             value.CopyFrom(helper.make_tensor_value_info(value.name, code, list(result.shape)))
+    return typed
+
+
+def _intermediates_typed_by_running(
+    model: onnx.ModelProto, spec: InstanceSpec, names: list[str]
+) -> onnx.ModelProto:
+    from onnxfuse.proof.runtime import ORT, Runner, RuntimeFailure
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(helper.make_value_info(n, onnx.TypeProto()) for n in names)
+    try:
+        results = Runner(ORT).run(probe, make_feeds(spec, 0, sets=1))[0]
+    except RuntimeFailure:
+        return model  # left untyped: a guard that needs them cannot be decided
+    typed = onnx.ModelProto()
+    typed.CopyFrom(model)
+    for name, result in zip(names, results[len(model.graph.output) :]):
+        code = helper.np_dtype_to_tensor_dtype(np.asarray(result).dtype)
+        typed.graph.value_info.append(
+            helper.make_tensor_value_info(name, code, list(np.asarray(result).shape))
+        )
     return typed
 
 
