@@ -71,6 +71,7 @@ EXPECTED_RULES = {
     "gemm-transpose-const-c",
     "gemm-zero-c",
     "gemm-sum",
+    "reshape-gemm-reshape-matmul",
 }
 
 I64 = np.int64
