@@ -59,14 +59,21 @@ def _perturb(module: nn.Module, seed: int) -> None:
                 buffer.copy_(torch.randn(buffer.shape, generator=generator) * 0.1)
 
 
-def _token_inputs(vocab: int, mask: bool, seed: int) -> dict[str, torch.Tensor]:
+def _token_inputs(
+    vocab: int, mask: bool, seed: int, batch: int = BATCH, seq: int = SEQ
+) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    inputs = {"input_ids": torch.randint(0, vocab, (BATCH, SEQ), generator=generator)}
+    inputs = {"input_ids": torch.randint(0, vocab, (batch, seq), generator=generator)}
     if mask:
-        attention_mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
-        attention_mask[1, SEQ - 3 :] = 0  # padding in the second sequence: the mask matters
+        attention_mask = torch.ones(batch, seq, dtype=torch.int64)
+        attention_mask[batch - 1, seq - 3 :] = 0  # padding in the last sequence: the mask matters
         inputs["attention_mask"] = attention_mask
     return inputs
+
+
+def _sizes(c: dict[str, Any]) -> tuple[int, int]:
+    """(batch, seq): the test set's defaults unless a bench-size config sets them."""
+    return c.get("batch", BATCH), c.get("seq", SEQ)
 
 
 class _HiddenState(nn.Module):
@@ -98,10 +105,10 @@ def build_bert(c: dict[str, Any]) -> Built:
         num_hidden_layers=c["layers"],
         num_attention_heads=c["heads"],
         intermediate_size=c["hidden"] * 2,
-        max_position_embeddings=64,
+        max_position_embeddings=max(64, _sizes(c)[1]),
         attn_implementation=c["attention"],
     )
-    inputs = _token_inputs(c["vocab"], c["mask"], c["seed"])
+    inputs = _token_inputs(c["vocab"], c["mask"], c["seed"], *_sizes(c))
     return _hf(BertModel(config, add_pooling_layer=False), inputs, "last_hidden_state", c["seed"])
 
 
@@ -139,7 +146,7 @@ def build_t5(c: dict[str, Any]) -> Built:
         relative_attention_num_buckets=8,
         attn_implementation=c["attention"],
     )
-    inputs = _token_inputs(c["vocab"], True, c["seed"])
+    inputs = _token_inputs(c["vocab"], True, c["seed"], *_sizes(c))
     if c["decoder"]:
         generator = torch.Generator().manual_seed(c["seed"] + 1)
         inputs["decoder_input_ids"] = torch.randint(
@@ -163,7 +170,7 @@ def build_llama(c: dict[str, Any]) -> Built:
         max_position_embeddings=64,
         attn_implementation=c["attention"],
     )
-    inputs = _token_inputs(c["vocab"], True, c["seed"])
+    inputs = _token_inputs(c["vocab"], True, c["seed"], *_sizes(c))
     return _hf(LlamaModel(config), inputs, "last_hidden_state", c["seed"])
 
 
@@ -214,7 +221,7 @@ def build_gpt2(c: dict[str, Any]) -> Built:
     model = GPT2LMHeadModel(config)
     _perturb(model, c["seed"])
     model.eval()
-    inputs = _token_inputs(c["vocab"], True, c["seed"])
+    inputs = _token_inputs(c["vocab"], True, c["seed"], *_sizes(c))
     outputs = ["logits"]
     if c["past"]:
         past_len = 5
@@ -249,17 +256,25 @@ class _ResidualBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
 
 
+def _repeat(blocks: list[nn.Module]) -> nn.Module:
+    """One block as itself (the test models' module tree), several as a Sequential."""
+    return blocks[0] if len(blocks) == 1 else nn.Sequential(*blocks)
+
+
 class ResNetSmall(nn.Module):
     """A ResNet-18-style stem, two stages of basic blocks, global pooling, classifier."""
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, depth: int = 1) -> None:
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
         )
         self.pool = nn.MaxPool2d(2)
-        self.stage1 = _ResidualBlock(width, 1)
-        self.stage2 = _ResidualBlock(width, 2)
+        # depth 1 builds exactly the modules (and so the seeded weights) of the test model
+        self.stage1 = _repeat([_ResidualBlock(width, 1) for _ in range(depth)])
+        self.stage2 = _repeat(
+            [_ResidualBlock(width, 2)] + [_ResidualBlock(2 * width, 1) for _ in range(depth - 1)]
+        )
         self.head = nn.Linear(width * 2, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -291,7 +306,7 @@ class _InvertedResidual(nn.Module):
 
 
 class MobileNetSmall(nn.Module):
-    def __init__(self, width: int, act: str) -> None:
+    def __init__(self, width: int, act: str, depth: int = 1) -> None:
         super().__init__()
         activation = {"relu6": nn.ReLU6, "hardswish": nn.Hardswish}[act]
         self.stem = nn.Sequential(
@@ -300,7 +315,7 @@ class MobileNetSmall(nn.Module):
         self.blocks = nn.Sequential(
             _InvertedResidual(width, width, 1, activation),
             _InvertedResidual(width, width * 2, 2, activation),
-            _InvertedResidual(width * 2, width * 2, 1, activation),
+            *(_InvertedResidual(width * 2, width * 2, 1, activation) for _ in range(depth)),
         )
         self.head = nn.Linear(width * 2, 10)
 
@@ -309,15 +324,200 @@ class MobileNetSmall(nn.Module):
         return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
 
 
+class _SqueezeExcite(nn.Module):
+    """Squeeze-excitation: global pool, reduce 1x1, activation, expand 1x1, gate, scale."""
+
+    def __init__(self, channels: int, squeezed: int, act: type[nn.Module], gate: type[nn.Module]):
+        super().__init__()
+        self.reduce = nn.Conv2d(channels, squeezed, 1)
+        self.act = act()
+        self.expand = nn.Conv2d(squeezed, channels, 1)
+        self.gate = gate()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = nn.functional.adaptive_avg_pool2d(x, 1)
+        return x * self.gate(self.expand(self.act(self.reduce(scale))))
+
+
+def _conv_bn(channels: int, out: int, kernel: int, stride: int, groups: int = 1) -> list:
+    conv = nn.Conv2d(channels, out, kernel, stride, kernel // 2, groups=groups, bias=False)
+    return [conv, nn.BatchNorm2d(out)]
+
+
+class _MBConv(nn.Module):
+    """MobileNetV3 bneck / EfficientNet MBConv: expand 1x1, depthwise kxk, optional
+    squeeze-excitation, project 1x1 (no activation), residual when the shapes agree."""
+
+    def __init__(
+        self,
+        channels: int,
+        out: int,
+        *,
+        expand: int,
+        kernel: int,
+        stride: int,
+        act: type[nn.Module],
+        se: tuple[type[nn.Module], type[nn.Module]] | None,
+        se_ratio: float,
+    ) -> None:
+        super().__init__()
+        hidden = channels * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [*_conv_bn(channels, hidden, 1, 1), act()]
+        layers += [*_conv_bn(hidden, hidden, kernel, stride, groups=hidden), act()]
+        if se is not None:
+            layers.append(_SqueezeExcite(hidden, max(4, int(channels * se_ratio)), *se))
+        layers += _conv_bn(hidden, out, 1, 1)
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and channels == out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block(x)
+        return x + y if self.residual else y
+
+
+class MobileNetV3Small(nn.Module):
+    """MobileNetV3-style: hardswish, squeeze-excitation gated by hardsigmoid, 5x5 depthwise
+    convs in the later blocks, a 1x1 conv + hardswish head before pooling."""
+
+    def __init__(self, width: int, depth: int = 1) -> None:
+        super().__init__()
+        se = (nn.ReLU, nn.Hardsigmoid)
+        common = {"act": nn.Hardswish, "se_ratio": 0.25}
+        self.stem = nn.Sequential(*_conv_bn(3, width, 3, 2), nn.Hardswish())
+        blocks = [
+            _MBConv(width, width, expand=1, kernel=3, stride=2, se=se, **common),
+            _MBConv(width, 2 * width, expand=4, kernel=3, stride=2, se=None, **common),
+        ]
+        blocks += [
+            _MBConv(2 * width, 2 * width, expand=3, kernel=5, stride=1, se=se, **common)
+            for _ in range(depth)
+        ]
+        blocks.append(_MBConv(2 * width, 3 * width, expand=4, kernel=5, stride=2, se=se, **common))
+        blocks += [
+            _MBConv(3 * width, 3 * width, expand=4, kernel=5, stride=1, se=se, **common)
+            for _ in range(depth)
+        ]
+        self.blocks = nn.Sequential(*blocks)
+        self.last = nn.Sequential(*_conv_bn(3 * width, 6 * width, 1, 1), nn.Hardswish())
+        self.head = nn.Sequential(
+            nn.Linear(6 * width, 8 * width), nn.Hardswish(), nn.Linear(8 * width, 10)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.last(self.blocks(self.stem(x)))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+class EfficientNetSmall(nn.Module):
+    """EfficientNet-B0-style: SiLU everywhere, MBConv with squeeze-excitation gated by
+    sigmoid (ratio 0.25 of the block's input), 3x3 and 5x5 depthwise stages."""
+
+    def __init__(self, width: int, depth: int = 1) -> None:
+        super().__init__()
+        se = (nn.SiLU, nn.Sigmoid)
+        common = {"act": nn.SiLU, "se": se, "se_ratio": 0.25}
+        self.stem = nn.Sequential(*_conv_bn(3, width, 3, 2), nn.SiLU())
+        # (out, expand, kernel, stride): B0's stage pattern, channels scaled to `width`
+        stages = [(width, 1, 3, 1), (2 * width, 6, 3, 2), (3 * width, 6, 5, 2)]
+        blocks: list[nn.Module] = []
+        channels = width
+        for out, expand, kernel, stride in stages:
+            for index in range(depth):
+                first = index == 0
+                blocks.append(
+                    _MBConv(
+                        channels,
+                        out,
+                        expand=expand,
+                        kernel=kernel,
+                        stride=stride if first else 1,
+                        **common,
+                    )
+                )
+                channels = out
+        self.blocks = nn.Sequential(*blocks)
+        self.last = nn.Sequential(*_conv_bn(channels, 4 * width, 1, 1), nn.SiLU())
+        self.head = nn.Linear(4 * width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.last(self.blocks(self.stem(x)))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+class _ConvNeXtBlock(nn.Module):
+    """Depthwise 7x7, to NHWC, LayerNorm, Linear 4x, GELU, Linear back, layer scale, to NCHW,
+    residual: the block as the ConvNeXt reference code writes it."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        # the reference starts at 1e-6; a trained model's scales are far from that
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.pwconv2(self.act(self.pwconv1(self.norm(y))))
+        return x + (self.gamma * y).permute(0, 3, 1, 2)
+
+
+class _ChannelsFirstNorm(nn.Module):
+    """LayerNorm over the channels of an NCHW tensor (ConvNeXt's stem and downsampling)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtSmall(nn.Module):
+    """ConvNeXt-style: patchify stem (4x4, stride 4) + norm, two stages of ConvNeXt blocks
+    with a norm + 2x2 stride-2 conv between them, global pooling, LayerNorm, classifier."""
+
+    def __init__(self, width: int, depth: int = 1) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 4, 4), _ChannelsFirstNorm(width))
+        self.stage1 = nn.Sequential(*(_ConvNeXtBlock(width) for _ in range(depth)))
+        self.down = nn.Sequential(_ChannelsFirstNorm(width), nn.Conv2d(width, 2 * width, 2, 2))
+        self.stage2 = nn.Sequential(*(_ConvNeXtBlock(2 * width) for _ in range(depth)))
+        self.norm = nn.LayerNorm(2 * width, eps=1e-6)
+        self.head = nn.Linear(2 * width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stage2(self.down(self.stage1(self.stem(x))))
+        return self.head(self.norm(y.mean((2, 3))))
+
+
+def _cnn_module(c: dict[str, Any]) -> nn.Module:
+    depth = c.get("depth", 1)
+    arch = c["arch"]
+    if arch == "resnet":
+        return ResNetSmall(c["width"], depth)
+    if arch == "mobilenet":
+        return MobileNetSmall(c["width"], c["act"], depth)
+    if arch == "mobilenetv3":
+        return MobileNetV3Small(c["width"], depth)
+    if arch == "efficientnet":
+        return EfficientNetSmall(c["width"], depth)
+    if arch == "convnext":
+        return ConvNeXtSmall(c["width"], depth)
+    raise ValueError(f"unknown CNN architecture {arch!r}")
+
+
 def build_cnn(c: dict[str, Any]) -> Built:
     torch.manual_seed(c["seed"])
-    if c["arch"] == "resnet":
-        model: nn.Module = ResNetSmall(c["width"])
-    else:
-        model = MobileNetSmall(c["width"], c["act"])
+    model = _cnn_module(c)
     _perturb(model, c["seed"])
     generator = torch.Generator().manual_seed(c["seed"])
-    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
+    batch, image = c.get("batch", BATCH), c.get("image", IMAGE)
+    pixels = torch.randn(batch, 3, image, image, generator=generator)
     return Built(model.eval(), {"pixel_values": pixels}, ["logits"])
 
 
@@ -392,8 +592,85 @@ MODELS: list[ModelSpec] = [
         dynamic=_IMAGES,
     ),
 ]
+
+
+def _cnn(name: str, dynamic: bool = True, **config) -> ModelSpec:
+    return ModelSpec(name, "cnn", {"seed": 0, **config}, None, dynamic=_IMAGES if dynamic else {})
+
+
+MODELS += [
+    _cnn("mobilenetv3-small", arch="mobilenetv3", width=16),
+    _cnn("efficientnet-small", arch="efficientnet", width=16),
+    _cnn("convnext-small", arch="convnext", width=16),
+]
 MODELS_BY_NAME = {spec.name: spec for spec in MODELS}
+
+# Bench sizes (bench/latency.py, bench/speed.py), never in the test set: big enough that
+# latency is milliseconds and optimization time is not all fixed cost. CNNs: one 224x224
+# image, static shapes (as CNNs are deployed; torch.export also cannot keep a dynamic batch
+# whose example is 1 through ConvNeXt's norms); transformers: BERT-base's shape (12 layers,
+# hidden 768), GPT-2 and Llama at two depths, batch 2 (the last sequence padded), 32 tokens.
+_BENCH_TEXT = {"vocab": 1000, "batch": 2, "seq": 32}
+BENCH_MODELS: list[ModelSpec] = [
+    _cnn("resnet-bench", False, arch="resnet", width=32, depth=2, image=224, batch=1),
+    _cnn(
+        "mobilenetv2-bench",
+        False,
+        arch="mobilenet",
+        width=32,
+        act="relu6",
+        depth=3,
+        image=224,
+        batch=1,
+    ),
+    _cnn("mobilenetv3-bench", False, arch="mobilenetv3", width=32, depth=2, image=224, batch=1),
+    _cnn("efficientnet-bench", False, arch="efficientnet", width=32, depth=2, image=224, batch=1),
+    _cnn("convnext-bench", False, arch="convnext", width=48, depth=3, image=224, batch=1),
+    _text("bert-base", "bert", "bert", hidden=768, heads=12, layers=12, mask=True, **_BENCH_TEXT),
+    _gpt2("gpt2-l4", past=False, hidden=768, heads=12, layers=4, **_BENCH_TEXT),
+    _gpt2("gpt2-l12", past=False, hidden=768, heads=12, layers=12, **_BENCH_TEXT),
+    _text(
+        "llama-l4",
+        "llama",
+        "gpt2",
+        hidden=512,
+        heads=8,
+        kv_heads=4,
+        layers=4,
+        mask=True,
+        **_BENCH_TEXT,
+    ),
+    _text(
+        "llama-l12",
+        "llama",
+        "gpt2",
+        hidden=512,
+        heads=8,
+        kv_heads=4,
+        layers=12,
+        mask=True,
+        **_BENCH_TEXT,
+    ),
+]
+BENCH_MODELS_BY_NAME = {spec.name: spec for spec in BENCH_MODELS}
 
 
 def build(spec: ModelSpec) -> Built:
     return BUILDERS[spec.family](spec.config)
+
+
+# (model, exporter, opset) the benches measure: the CNNs as the current default (dynamo)
+# exporter writes them, BERT-base by both exporters, the decoders by the legacy exporter.
+BENCH_EXPORTS: tuple[tuple[str, str, int], ...] = (
+    ("resnet-bench", "dynamo", 18),
+    ("mobilenetv2-bench", "dynamo", 18),
+    ("mobilenetv3-bench", "dynamo", 18),
+    ("efficientnet-bench", "dynamo", 18),
+    ("convnext-bench", "dynamo", 18),
+    ("bert-base", "legacy", 17),
+    ("bert-base", "dynamo", 18),
+    ("gpt2-l4", "legacy", 17),
+    ("gpt2-l12", "legacy", 17),
+    ("llama-l4", "legacy", 17),
+    ("llama-l12", "legacy", 17),
+)
