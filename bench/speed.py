@@ -14,9 +14,15 @@ file out:
 - ort-transformers: `onnxruntime.transformers.optimizer.optimize_model` (model type
                gpt2 with the stack's heads and hidden size; transformer models only), save.
 
-Sets: `decoder` (synthetic GPT-style stacks of 2, 12 and 24 blocks), `cnn` (the
-light models of the onnx package), `sample` (the bundled ResNet), plus any model
-named on the command line. Ratios are the other tool's time over onnxfuse's.
+Sets: `decoder` (synthetic GPT-style stacks of 2, 12 and 24 blocks), `exports`
+(real torch exports at bench size, BENCH_EXPORTS of tests/exports/models.py: BERT-base
+by the legacy and the dynamo exporter, GPT-2 and Llama style decoders at 4 and 12
+layers, ResNet, MobileNet V2/V3, EfficientNet and ConvNeXt style CNNs on 224x224
+images; exported once into the export cache, which needs torch and transformers),
+`cnn` (the light models of the onnx package), `sample` (the bundled ResNet), plus any
+model named on the command line. ORT transformers runs on the transformer models only,
+with the export's model type, heads and hidden size. Ratios are the other tool's time
+over onnxfuse's.
 
 `--scaling MAX` times onnxfuse alone on decoder stacks from about 1,000 nodes up
 to MAX nodes and fits time = a * nodes^k (least squares in log-log): k is the
@@ -34,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -52,7 +59,7 @@ NODES_PER_BLOCK = 51  # about; the tables print exact counts
 # -- one measurement, in a child process -----------------------------------------------
 
 
-def _run_one(tool: str, source: str, output: str, heads: int, hidden: int) -> dict:
+def _run_one(tool: str, source: str, output: str, heads: int, hidden: int, kind: str) -> dict:
     if tool == "onnxfuse":
         from onnxfuse.api import optimize_file, select_rules
         from onnxfuse.optimizer import Options
@@ -79,7 +86,7 @@ def _run_one(tool: str, source: str, output: str, heads: int, hidden: int) -> di
         logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
         started = time.perf_counter()
         result = optimize_model(
-            source, model_type="gpt2", num_heads=heads, hidden_size=hidden, opt_level=1
+            source, model_type=kind, num_heads=heads, hidden_size=hidden, opt_level=1
         )
         result.save_model_to_file(output)
     seconds = time.perf_counter() - started
@@ -96,7 +103,7 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
-def measure(tool: str, model: Path, heads: int = 0, hidden: int = 0) -> dict:
+def measure(tool: str, model: Path, heads: int = 0, hidden: int = 0, kind: str = "gpt2") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "out.onnx")
         args = [
@@ -108,6 +115,7 @@ def measure(tool: str, model: Path, heads: int = 0, hidden: int = 0) -> dict:
             out,
             str(heads),
             str(hidden),
+            kind,
         ]
         done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode != 0:
@@ -127,35 +135,73 @@ def decoder_model(folder: Path, layers: int, weights: str = "random") -> Path:
     return path
 
 
-def model_set(names: list[str], folder: Path, extra: list[Path]) -> list[tuple[str, Path, bool]]:
-    """(label, path, is_transformer) for every model to compare."""
-    models: list[tuple[str, Path, bool]] = []
+@dataclass(frozen=True)
+class Model:
+    label: str
+    path: Path
+    # onnxruntime.transformers model type, heads, hidden size; None: not a transformer
+    transformer: tuple[str, int, int] | None = None
+    kind: str = "other"  # decoder, export, cnn, sample, other: the tables group by it
+
+
+def export_models(names: list[str] | None = None) -> list[Model]:
+    """The bench-size torch exports, from the export cache (made on first use)."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from exports.export import export_name, get_export
+    from exports.models import BENCH_EXPORTS, BENCH_MODELS_BY_NAME
+
+    models = []
+    for model, exporter, opset in BENCH_EXPORTS:
+        spec = BENCH_MODELS_BY_NAME[model]
+        label = export_name(spec, exporter, opset)
+        if names and model not in names and label not in names:
+            continue
+        print(f"export {label}", file=sys.stderr, flush=True)
+        path = get_export(spec, exporter, opset).path
+        kind = spec.ort_model_type
+        transformer = (kind, spec.num_heads, spec.hidden_size) if kind else None
+        models.append(Model(label, path, transformer, "export"))
+    return models
+
+
+def model_set(
+    names: list[str], folder: Path, extra: list[Path], only: list[str] | None = None
+) -> list[Model]:
+    """Every model to compare, in table order."""
+    gpt2 = ("gpt2", DECODER["heads"], DECODER["hidden"])
+    models: list[Model] = []
     if "decoder" in names:
         for layers in (2, 12, 24):
-            models.append((f"decoder-{layers}", decoder_model(folder, layers), True))
+            models.append(
+                Model(f"decoder-{layers}", decoder_model(folder, layers), gpt2, "decoder")
+            )
+    if "exports" in names:
+        models += export_models(only)
     if "cnn" in names:
         for path in sorted(LIGHT_DIR.glob("*.onnx")):
-            models.append((path.stem.removeprefix("light_"), path, False))
+            models.append(Model(path.stem.removeprefix("light_"), path, None, "cnn"))
     if "sample" in names:
         from onnxfuse.api import sample_model_path
 
-        models.append(("sample", Path(sample_model_path()), False))
-    models.extend((p.stem, p, False) for p in extra)
+        models.append(Model("sample", Path(sample_model_path()), None, "sample"))
+    models.extend(Model(p.stem, p) for p in extra)
     return models
 
 
 # -- reports -----------------------------------------------------------------------------
 
 
-def compare(models, repeat: int) -> list[dict]:
+def compare(models: list[Model], repeat: int) -> list[dict]:
     rows = []
-    for label, path, transformer in models:
-        tools = TOOLS if transformer else TOOLS[:2]
+    for model in models:
+        tools = TOOLS if model.transformer else TOOLS[:2]
+        kind, heads, hidden = model.transformer or ("", 0, 0)
         runs: dict[str, list[dict]] = {t: [] for t in tools}
         for _ in range(repeat):  # round robin: drift hits every tool alike
             for tool in tools:
-                runs[tool].append(measure(tool, path, DECODER["heads"], DECODER["hidden"]))
-        row = {"model": label, "nodes": len(onnx.load(path, load_external_data=False).graph.node)}
+                runs[tool].append(measure(tool, model.path, heads, hidden, kind or "gpt2"))
+        graph = onnx.load(model.path, load_external_data=False).graph
+        row = {"model": model.label, "kind": model.kind, "nodes": len(graph.node)}
         for tool, results in runs.items():
             good = [r for r in results if "seconds" in r]
             if not good:
@@ -235,15 +281,56 @@ def external(folder: Path, gigabytes: float) -> dict:
     return {"weight_mb": weight_mb, **result}
 
 
+def environment(args) -> dict:
+    """What the doc needs to say where the figures come from."""
+    import datetime
+    import os
+    import platform
+
+    import onnxruntime
+    import onnxscript
+
+    def git(*command: str) -> str:
+        done = subprocess.run(["git", *command], cwd=HERE.parent, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    cpu = next(
+        (
+            text.split(":", 1)[1].strip()
+            for text in Path("/proc/cpuinfo").read_text().splitlines()
+            if text.startswith("model name")
+        ),
+        "",
+    )
+    return {
+        "command": "python bench/speed.py " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--", "engine", "rules", "targets")),
+        "machine": f"{platform.machine()}, {cpu}",
+        "cores": os.cpu_count(),
+        "versions": {
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+            "onnxscript": onnxscript.__version__,
+            "python": platform.python_version(),
+        },
+        "repeat": args.repeat,
+    }
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--run-one":
-        tool, source, output, heads, hidden = sys.argv[2:7]
-        print(json.dumps(_run_one(tool, source, output, int(heads), int(hidden))))
+        tool, source, output, heads, hidden, kind = sys.argv[2:8]
+        print(json.dumps(_run_one(tool, source, output, int(heads), int(hidden), kind)))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", type=Path)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--models", dest="sets", nargs="*", default=["decoder", "cnn", "sample"])
+    parser.add_argument(
+        "--models", dest="sets", nargs="*", default=["decoder", "exports", "cnn", "sample"]
+    )
+    parser.add_argument("--only", nargs="+", help="bench export names (the exports set)")
     parser.add_argument("--scaling", type=int, default=0, metavar="MAX_NODES")
     parser.add_argument("--external-gb", type=float, default=0.0)
     parser.add_argument("--work-dir", type=Path, default=None)
@@ -251,7 +338,8 @@ def main() -> None:
     args = parser.parse_args()
     folder = args.work_dir or Path(tempfile.mkdtemp(prefix="onnxfuse-speed-"))
     folder.mkdir(parents=True, exist_ok=True)
-    results: dict = {"models": compare(model_set(args.sets, folder, args.models), args.repeat)}
+    models = model_set(args.sets, folder, args.models, args.only)
+    results: dict = {"environment": environment(args), "models": compare(models, args.repeat)}
     if args.scaling:
         results["scaling"] = scaling(folder, args.scaling)
     if args.external_gb:
