@@ -17,6 +17,7 @@ from onnxfuse.matcher import Matcher, ModelContext
 from onnxfuse.model_io import check_model, load_model, save_model
 from onnxfuse.naming import all_graphs
 from onnxfuse.optimizer import Options, Report, normalize, optimize
+from onnxfuse.target_params import BLOCK_SIZE_METADATA, NCHWC_DOMAIN
 from onnxfuse.targets import Target, resolve_target
 
 
@@ -64,6 +65,7 @@ def optimize_file(
     target = options.target if options is not None else None
     model = load_model(source, target=target)
     report = optimize(model, rules, options)
+    record_layout_assumptions(model, target)
     try:
         if output is None:
             check_model(model, target)
@@ -78,6 +80,16 @@ def optimize_file(
             ) from None
         raise
     return report
+
+
+def record_layout_assumptions(model: ir.Model, target: Target | None) -> None:
+    """A model holding NCHWc ops runs correctly only at the block size it was laid out
+    for: record it in the metadata (``onnxfuse.nchwc_block_size``)."""
+    block = target.params.get("block") if target is not None else None
+    if block is None:
+        return
+    if any(node.domain == NCHWC_DOMAIN for graph in all_graphs(model) for node in graph):
+        model.metadata_props[BLOCK_SIZE_METADATA] = str(block)
 
 
 def _declared_output_conflict(model: ir.Model, message: str) -> str | None:

@@ -99,7 +99,10 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
         default="cpu",
-        help="execution provider (a name in targets/ or a capability file; default cpu)",
+        help=(
+            "execution provider (a name in targets/ or a capability file; default cpu), "
+            "optionally with parameters: cpu:block=8|16|auto enables the NCHWc layout"
+        ),
     )
 
 

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from onnxfuse.errors import OnnxfuseError
+from onnxfuse.target_params import describe_parameters
 from onnxfuse.targets import OpSupport, Target, builtin_target_names, load_target
 
 
@@ -53,6 +54,10 @@ def _run_show(args: argparse.Namespace) -> int:
     print(f"source: {target.source}")
     for note in target.notes:
         print(f"note: {note}")
+    for line in describe_parameters(target.name):
+        print(f"parameter: {line}")
+    if target.params:
+        print(f"with parameters: {target.spec}")
     if target.all_ops_of:
         domains = ", ".join(d or "ai.onnx" for d in sorted(target.all_ops_of))
         print(f"every standard op of the model's opset in: {domains}")
