@@ -1595,6 +1595,13 @@ def s_duplicate(b: Builder, x: Val | None = None, same: bool = False) -> Val:
     return y
 
 
+def s_rule_instance(b: Builder, x: Val | None = None, same: bool = False) -> Val:
+    """An instance of any built-in rule's source, drawn from its verification domain."""
+    from fuzz.rule_instances import splice_rule_instance
+
+    return splice_rule_instance(b, x, same)
+
+
 # The step menu: rule sources first (they shrink towards the front), then plain ops.
 STEPS: list[tuple[str, Callable[..., Val], int]] = [
     ("conv_tail", s_conv_tail, 6),
@@ -1609,6 +1616,7 @@ STEPS: list[tuple[str, Callable[..., Val], int]] = [
     ("gelu", s_gelu, 3),
     ("quick_gelu", s_quick_gelu, 2),
     ("layer_norm", s_layer_norm, 3),
+    ("rule_instance", s_rule_instance, 8),
     ("unary", s_unary, 3),
     ("binary", s_binary, 3),
     ("matmul", s_matmul, 1),
@@ -1751,6 +1759,7 @@ RULE_STEPS = [
     s_gelu,
     s_quick_gelu,
     s_layer_norm,
+    s_rule_instance,
 ]
 
 

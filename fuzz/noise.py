@@ -10,7 +10,11 @@ model itself is that sensitive to where it rounds.
 This module measures that sensitivity, in the spirit of Monte Carlo
 arithmetic: every floating-point intermediate of the original's main graph is
 multiplied by ``1 + r`` with ``r`` uniform in a few units of roundoff, and the
-perturbed model runs with a few seeds. A mismatch within a small factor of
+perturbed model runs with a few seeds. The operands of ops that sum products
+(Conv, MatMul, Gemm, reductions) are perturbed as well, weights included: their
+rounding error scales with the sum of the magnitudes of the terms, not with the
+result, which can be far smaller when the terms cancel; and a rewrite that
+folds a scale into a weight rounds exactly those operands again. A mismatch within a small factor of
 that noise, element by element, is rounding, not a wrong rewrite; a wrong
 rewrite moves outputs by the size of its mistake, far above the noise.
 """
@@ -21,13 +25,24 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 # Relative perturbation, in units of the dtype's machine epsilon.
 _ULPS = 2.0
 # A mismatch is rounding when it is within this factor of the measured noise.
 NOISE_FACTOR = 4.0
 _SEEDS = (11.0, 23.0, 37.0)
+# Ops whose result sums products of their operands: their operands are perturbed too.
+_SUMMING = {
+    "Conv",
+    "ConvTranspose",
+    "MatMul",
+    "Gemm",
+    "Einsum",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceSumSquare",
+}
 _PERTURBED = {
     TensorProto.FLOAT: np.float32,
     TensorProto.DOUBLE: np.float64,
@@ -36,15 +51,21 @@ _PERTURBED = {
 
 
 def perturbed(model: onnx.ModelProto, seed: float) -> onnx.ModelProto:
-    """A copy of ``model`` whose float node outputs are each scaled by ``1 + r``."""
+    """A copy of ``model`` whose float node outputs, and the operands of ops that sum
+    products, are each scaled by ``1 + r``."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:
         inferred = model
     types = {
         info.name: info.type.tensor_type.elem_type
-        for info in (*inferred.graph.value_info, *inferred.graph.output)
+        for info in (
+            *inferred.graph.value_info,
+            *inferred.graph.output,
+            *inferred.graph.input,
+        )
     }
+    types.update({init.name: init.data_type for init in model.graph.initializer})
     result = onnx.ModelProto()
     result.CopyFrom(model)
     graph = result.graph
@@ -53,10 +74,19 @@ def perturbed(model: onnx.ModelProto, seed: float) -> onnx.ModelProto:
     constant = {init.name for init in graph.initializer} - {i.name for i in graph.input}
     nodes: list[onnx.NodeProto] = []
     for index, node in enumerate(graph.node):
-        nodes.append(node)
         if all(not name or name in constant for name in node.input):
+            nodes.append(node)
             constant.update(node.output)
             continue
+        if node.op_type in _SUMMING and node.domain in ("", "ai.onnx"):
+            for position, name in enumerate(node.input):
+                elem = types.get(name)
+                if not name or elem not in _PERTURBED:
+                    continue
+                operand = f"{name}__operand{index}_{position}"
+                node.input[position] = operand
+                nodes.extend(_scale_nodes(name, operand, elem, seed + index * 13 + position))
+        nodes.append(node)
         for position, name in enumerate(node.output):
             elem = types.get(name)
             if not name or elem not in _PERTURBED:
@@ -70,18 +100,42 @@ def perturbed(model: onnx.ModelProto, seed: float) -> onnx.ModelProto:
 
 
 def _scale_nodes(exact: str, name: str, elem: int, seed: float) -> list[onnx.NodeProto]:
+    """Nodes computing ``name = exact * (1 + r)``, ``|r| <= bound``, r pseudo-random.
+
+    r is ``bound * sin(exact * k + seed)``: a hash of the value itself, made of ops
+    onnxruntime runs at every opset (its RandomUniformLike stops at opset 21).
+    """
     bound = _ULPS * float(np.finfo(_PERTURBED[elem]).eps)
+    wide_type = TensorProto.DOUBLE if elem == TensorProto.DOUBLE else TensorProto.FLOAT
+    dtype = _PERTURBED[wide_type]
     wide = exact
     nodes = []
-    if elem == TensorProto.FLOAT16:  # RandomUniformLike and Mul in float32, then back
+    if elem == TensorProto.FLOAT16:  # the noise in float32, then back
         wide = f"{name}__wide"
         nodes.append(helper.make_node("Cast", [exact], [wide], to=TensorProto.FLOAT))
-    noise, factor = f"{name}__noise", f"{name}__factor"
+
+    def constant(suffix: str, value: float) -> str:
+        out = f"{name}__{suffix}"
+        tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype), out)
+        nodes.append(helper.make_node("Constant", [], [out], value=tensor))
+        return out
+
+    frequency = constant("frequency", 12.9898 + seed)
+    phase = constant("phase", seed)
+    amplitude = constant("amplitude", bound)
+    one = constant("one", 1.0)
+    factor = f"{name}__factor"
     nodes += [
+        helper.make_node("Mul", [wide, frequency], [f"{name}__angle0"]),
+        helper.make_node("Add", [f"{name}__angle0", phase], [f"{name}__angle"]),
+        helper.make_node("Sin", [f"{name}__angle"], [f"{name}__wave"]),
+        helper.make_node("Mul", [f"{name}__wave", amplitude], [f"{name}__r"]),
+        helper.make_node("Add", [f"{name}__r", one], [f"{name}__noise"]),
         helper.make_node(
-            "RandomUniformLike", [wide], [noise], low=1 - bound, high=1 + bound, seed=seed
+            "Mul",
+            [wide, f"{name}__noise"],
+            [factor if elem == TensorProto.FLOAT16 else name],
         ),
-        helper.make_node("Mul", [wide, noise], [factor if elem == TensorProto.FLOAT16 else name]),
     ]
     if elem == TensorProto.FLOAT16:
         nodes.append(helper.make_node("Cast", [factor], [name], to=TensorProto.FLOAT16))
@@ -109,9 +163,17 @@ def noise_floor(
                 per_output.append(np.zeros(exact.shape))
                 continue
             moves = [_distance(r[set_index][out_index], exact) for r in runs]
-            per_output.append(np.maximum.reduce(moves))
+            # The outputs are rounded to their own type, so a move below one unit in the
+            # last place shows as 0 or 1 ulp (float16 mostly): the floor is at least 1 ulp.
+            per_output.append(np.maximum.reduce([*moves, _ulp(exact)]))
         floors.append(per_output)
     return floors
+
+
+def _ulp(values: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        spacing = np.spacing(np.abs(values)).astype(np.float64)
+    return np.where(np.isfinite(spacing), spacing, 0.0)
 
 
 def _distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,0 +1,194 @@
+"""A graph-fuzzer step that embeds an instance of any built-in rule's source.
+
+The hand-written steps of `fuzz.graphs` cover the rules that existed when they
+were written. This step covers every rule, including ones added later: it
+draws a concrete instance of a rule's source from the rule's own `verify:`
+domain (the generator the property tests use), at the opset of the graph being
+built, and splices it into that graph. Its variable inputs are wired to earlier
+values of the same type and shape when there are any, else to new graph inputs;
+its constants become initializers, Constant nodes or (rarely) overridable
+initializers, which must block the rule. Later steps may consume its outputs,
+so the instance meets other rules' sources, shared uses and graph outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+import onnx
+from hypothesis import strategies as st
+from onnx import helper
+
+from fuzz.graphs import MAX_ELEMENTS, Builder, Val, s_unary
+from onnxfuse.proof.draw import Reject
+from onnxfuse.proof.expr import ExprError
+from onnxfuse.proof.instance import (
+    DomainError,
+    build_model,
+    generate,
+    make_attribute,
+    random_array,
+)
+
+
+@functools.cache
+def _rules_with_domains() -> tuple[tuple[object, object], ...]:
+    """(rule, verification domain) for every built-in rule, in pack order."""
+    from onnxfuse.api import select_rules
+    from onnxfuse.proof.domain import VerifyError, parse_domain
+
+    found = []
+    for rule in select_rules():
+        try:
+            found.append((rule, parse_domain(rule)))
+        except VerifyError:
+            continue  # a rule without a usable domain is not generated here
+    return tuple(found)
+
+
+class _BuilderDrawer:
+    """The proof generator's Drawer, answered by the fuzz builder's own choices
+    (hypothesis draws, or the seeded choices of the rule fuzzer's zoo)."""
+
+    def __init__(self, b: Builder):
+        self.b = b
+
+    def integer(self, low: int, high: int) -> int:
+        return self.b.int(low, high)
+
+    def floating(self, low: float, high: float) -> float:
+        if high <= low:
+            return float(low)
+        if self.b.root.draw is None:
+            return self.b.root.choices.uniform(low, high)
+        return self.b.draw(
+            st.floats(low, high, allow_nan=False, allow_infinity=False, allow_subnormal=False)
+        )
+
+    def index(self, count: int) -> int:
+        return self.b.int(0, count - 1) if count > 1 else 0
+
+    def permutation(self, count: int) -> list[int]:
+        items = list(range(count))
+        for i in range(count - 1, 0, -1):  # Fisher-Yates, one draw per position
+            j = self.b.int(0, i)
+            items[i], items[j] = items[j], items[i]
+        return items
+
+
+def candidate_rules(opset: int) -> list[tuple[object, object]]:
+    """The rules whose domain can draw an instance at ``opset``, with the domain
+    narrowed to exactly that opset."""
+    return [
+        (rule, dataclasses.replace(domain, opsets=[opset]))
+        for rule, domain in _rules_with_domains()
+        if opset in domain.opsets
+    ]
+
+
+def draw_instance(b: Builder, rule, domain):
+    """A built instance of ``rule`` (spec and typed model), or None if it cannot be drawn."""
+    try:
+        instance = generate(rule, domain, _BuilderDrawer(b))
+        spec = instance.spec.copy()
+        for tensor in spec.tensors.values():
+            tensor.symbolic = {}  # the fuzz graph has concrete shapes; inputs get their own
+        model = build_model(spec)
+    except (Reject, DomainError, ExprError):
+        return None
+    return spec, model
+
+
+def _output_vals(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
+    found = {}
+    for value in model.graph.output:
+        tensor = value.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
+        if not tensor.HasField("shape") or any(d < 0 for d in dims):
+            return None
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+        found[value.name] = (dtype, dims)
+    return found
+
+
+def _ranged_input(b: Builder, dtype: np.dtype, dims: tuple[int, ...], low: float, high: float):
+    """A graph input mapped into [low, high] by ops, so the value stays computed."""
+    x = b.new_input(dtype, dims)
+    squashed = b.op("Sigmoid", [x], dtype, dims)
+    width = b.scalar(high - low, dtype, override_ok=False)
+    scaled = b.op("Mul", [squashed, width], dtype, dims)
+    offset = b.scalar(low, dtype, override_ok=False)
+    return b.op("Add", [scaled, offset], dtype, dims)
+
+
+def _wire_input(b: Builder, tensor) -> Val:
+    dtype = np.dtype(tensor.dtype)
+    dims = tuple(int(d) for d in tensor.dims)
+    if tensor.value is not None:
+        return b.const(tensor.value, override_ok=False)
+    if tensor.range is not None:
+        low, high = tensor.range
+        if dtype.kind == "f" and math.isfinite(low) and math.isfinite(high):
+            return _ranged_input(b, dtype, dims, float(low), float(high))
+        return b.const(random_array(b.rng, tensor.dtype, dims, tensor.range, frozenset()))
+    earlier = [
+        v
+        for v in b.visible()
+        if v.dtype == dtype and v.shape == dims and v.const is None and v.numel <= MAX_ELEMENTS
+    ]
+    if earlier and b.flag(0.6):
+        return earlier[-1 - b.int(0, len(earlier) - 1)]
+    return b.new_input(dtype, dims)
+
+
+def splice_rule_instance(b: Builder, x: Val | None = None, same: bool = False) -> Val:
+    """An instance of a randomly chosen built-in rule's source, spliced into the graph."""
+    rules = candidate_rules(b.opset)
+    if b.parent is not None or not rules:
+        return s_unary(b, x, same)
+    rule, domain = rules[b.int(0, len(rules) - 1)]
+    drawn = draw_instance(b, rule, domain)
+    if drawn is None:
+        return s_unary(b, x, same)
+    spec, model = drawn
+    outputs = _output_vals(model)
+    if outputs is None:
+        return s_unary(b, x, same)
+    b.root.steps.append(f"rule:{rule.name}")
+    names: dict[str, str] = {}
+    for name, tensor in spec.tensors.items():
+        if tensor.kind == "absent":
+            names[name] = ""
+        elif tensor.kind == "input":
+            names[name] = _wire_input(b, tensor).name
+        else:
+            assert tensor.value is not None
+            names[name] = b.const(tensor.value).name
+    for node in spec.nodes:
+        for output in node.outputs:
+            if output and output not in names:
+                names[output] = b.fresh("r")
+        inputs = [names[i] if i else "" for i in node.inputs]
+        for name in inputs:
+            if name:
+                b.root.uses[name] += 1
+        proto = helper.make_node(
+            node.op_type,
+            inputs,
+            [names[o] if o else "" for o in node.outputs],
+            name="" if b.root.unnamed_nodes else b.fresh(f"{node.op_type.lower()}_"),
+            domain=node.domain or None,
+        )
+        proto.attribute.extend(make_attribute(k, v, t) for k, (v, t) in node.attributes.items())
+        b.nodes.append(proto)
+        if node.domain and node.domain != "ai.onnx":
+            b.root.domains.setdefault(node.domain, spec.extra_opsets.get(node.domain, 1))
+    last = None
+    for name in spec.outputs:
+        dtype, dims = outputs[name]
+        last = b.add(names[name], dtype, dims)
+    assert last is not None
+    return last
