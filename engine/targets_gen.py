@@ -20,6 +20,7 @@ from onnxfuse.targets_gen_sources import (
     SOURCES,
     provider_target,
     restrict_to_schema,
+    schema_versions,
     short_type,
     signature,
 )
@@ -43,16 +44,17 @@ def cpu_ops() -> list[dict[str, Any]]:
             types.setdefault(variable, set()).update(allowed)
     ops = []
     for (domain, op_type, since, until), types in sorted(merged.items()):
+        last = _last_opset(domain, op_type, since, until)
         op: dict[str, Any] = {
             "domain": domain,
             "op": op_type,
             "since": since,
-            "until": None if until >= _OPEN else until,
+            "until": last,
             "types": restrict_to_schema(
                 domain,
                 op_type,
                 since,
-                None if until >= _OPEN else until,
+                last,
                 {k: sorted(short_type(t) for t in v) for k, v in sorted(types.items())},
             ),
         }
@@ -61,6 +63,19 @@ def cpu_ops() -> list[dict[str, Any]]:
             op["signature"] = described
         ops.append(op)
     return ops
+
+
+def _last_opset(domain: str, op_type: str, since: int, until: int) -> int | None:
+    """The last opset a kernel registered for [since, until] runs at.
+
+    onnxruntime matches an open-ended kernel only to the op version it starts at:
+    a newer version of the op (RandomUniformLike-22) needs a kernel of its own, and
+    a model at that opset fails to load without one.
+    """
+    if until < _OPEN:
+        return until
+    newer = [v for v in schema_versions(domain, op_type) if v > since]
+    return min(newer) - 1 if newer else None
 
 
 def cpu_target() -> dict[str, Any]:
