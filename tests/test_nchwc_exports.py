@@ -1,0 +1,108 @@
+"""The CNN exports optimized with `--target cpu:block=8` (the NCHWc layout), measured
+against onnxruntime's own ORT_ENABLE_ALL result (its NchwcTransformer) in this run:
+
+- the result runs at ORT_DISABLE_ALL and keeps torch's outputs (and the original's);
+- it holds no more ReorderInput/ReorderOutput nodes than onnxruntime's, and no more
+  nodes in all;
+- it records the block size it assumes in its metadata.
+
+This machine's onnxruntime uses block 8 (AVX2); the results are only valid where
+the block size is 8 (test_nchwc.py checks block-16 layouts structurally).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+pytest.importorskip("torch")
+
+from exports.anchors import session
+from exports.export import get_export
+from exports.models import MODELS_BY_NAME
+
+from onnxfuse import api
+from onnxfuse.cpu_features import detect_block_size
+from onnxfuse.optimizer import Options
+from onnxfuse.target_params import BLOCK_SIZE_METADATA
+from onnxfuse.targets import load_target
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        detect_block_size() != 8, reason="the results run only where MLAS's block size is 8"
+    ),
+]
+
+CNNS = [
+    "resnet-small",
+    "mobilenet-relu6",
+    "mobilenet-hardswish",
+    "mobilenetv3-small",
+    "efficientnet-small",
+    "convnext-small",
+]
+EXPORTS = [(name, "legacy", 17) for name in CNNS] + [
+    ("resnet-small", "dynamo", 18),
+    ("mobilenet-relu6", "legacy", 14),
+]
+REORDERS = ("ReorderInput", "ReorderOutput")
+# Node-count gaps that have nothing to do with the blocked layout, and why.
+NODE_GAPS = {
+    "convnext-small": (
+        "onnxruntime's transpose optimizer (ORT_ENABLE_ALL) cancels the NCHW<->NHWC "
+        "Transposes around each block's LayerNorm; the Reorder counts are equal"
+    ),
+}
+
+
+def _ops(model: onnx.ModelProto) -> collections.Counter:
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target("cpu:block=8")
+
+
+@pytest.fixture(scope="module")
+def rules(target):
+    return api.select_rules(target=target)
+
+
+@pytest.mark.parametrize(
+    ("name", "exporter", "opset"), EXPORTS, ids=[f"{n}-{e}{o}" for n, e, o in EXPORTS]
+)
+def test_cnn_export_blocked_like_onnxruntime(name, exporter, opset, target, rules, tmp_path):
+    if name not in MODELS_BY_NAME:
+        pytest.skip(f"{name} is not among the exports")
+    export = get_export(MODELS_BY_NAME[name], exporter, opset)
+    ours_path = tmp_path / "ours.onnx"
+    api.optimize_file(export.path, ours_path, rules, Options(target=target))
+    ours = onnx.load(str(ours_path))
+    ort_path = tmp_path / "ort.onnx"
+    session(export.path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, saved=ort_path)
+    theirs = onnx.load(str(ort_path))
+
+    mine, reference = _ops(ours), _ops(theirs)
+    assert sum(mine[op] for op in REORDERS) <= sum(reference[op] for op in REORDERS), (
+        mine,
+        reference,
+    )
+    assert len(ours.graph.node) <= len(theirs.graph.node) or name in NODE_GAPS, (
+        mine,
+        reference,
+    )
+    assert mine["Conv"] > 0 and any(n.domain == "com.microsoft.nchwc" for n in ours.graph.node)
+    props = {p.key: p.value for p in ours.metadata_props}
+    assert props[BLOCK_SIZE_METADATA] == "8"
+
+    got = session(ours_path).run(None, export.feeds)
+    original = session(export.path).run(None, export.feeds)
+    for value, want, base in zip(got, export.expected, original):
+        np.testing.assert_allclose(value, base, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(value, want, rtol=1e-3, atol=1e-4)
