@@ -341,3 +341,14 @@ def test_no_metadata_when_nothing_was_blocked(tmp_path):
     out = tmp_path / "out.onnx"
     api.optimize_file(source, out, api.select_rules(target=target), Options(target=target))
     assert not any(p.key == BLOCK_SIZE_METADATA for p in onnx.load(str(out)).metadata_props)
+
+
+def test_pack_readme_lists_every_rule():
+    from onnxfuse.language.packs import builtin_rules_dir, load_builtin_rules
+
+    readme = (builtin_rules_dir() / "nchwc" / "README.md").read_text(encoding="utf-8")
+    rules = load_builtin_rules(["nchwc"])
+    assert len(rules) >= 25
+    for rule in rules:
+        assert f"`{rule.name}`" in readme, rule.name
+        assert rule.references == ["onnxruntime NchwcTransformer"], rule.name
