@@ -72,12 +72,6 @@ _SDPA = (
     "SDPA's decomposition (K transposed through Reshape/Transpose/Reshape, IsNaN/Where "
     "after Softmax) is not fused into Attention (onnxscript's SDPA and MHA fusions do)"
 )
-_GPT2_DYNAMO = (
-    "GPT-2's Conv1D layers (Gemm between Reshapes that flatten to 2-D) stay Gemms: the dynamo "
-    "export builds the shape they are restored to from attention_mask's shape, which "
-    "reshape-gemm-reshape-matmul cannot prove equal to the input's (the two share only a "
-    "dim_param name); and the causal attention (Where on the scores, then Softmax) is not fused"
-)
 _CONVNEXT = (
     "ConvNeXt's Transpose back to NCHW before the residual Add and the Transpose to NHWC "
     "after it (for the downsampling LayerNorm) are not cancelled through the Add, as "
@@ -90,10 +84,6 @@ KNOWN_GAPS: dict[str, str] = {
     "bert-sdpa-h64-dynamo20": _SDPA,
     "convnext-small-legacy17": _CONVNEXT,
     "convnext-small-dynamo20": _CONVNEXT,
-    "gpt2-dynamo18": _GPT2_DYNAMO,
-    "gpt2-dynamo20": _GPT2_DYNAMO,
-    "gpt2-past-dynamo18": _GPT2_DYNAMO,
-    "gpt2-past-dynamo20": _GPT2_DYNAMO,
 }
 
 
