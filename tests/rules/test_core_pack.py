@@ -26,6 +26,7 @@ from core_pack_support import (
 from helpers import assert_close, assert_same_outputs, optimize_proto, run
 from hypothesis import given
 from hypothesis import strategies as st
+from test_transpose_rules import TRANSPOSE_RULES
 
 from onnxfuse.language.packs import check_unique
 
@@ -72,7 +73,7 @@ EXPECTED_RULES = {
     "gemm-zero-c",
     "gemm-sum",
     "reshape-gemm-reshape-matmul",
-}
+} | TRANSPOSE_RULES
 
 I64 = np.int64
 # A consumer that runs in onnxruntime CPU for every dtype used here (float16 and bool too).

@@ -1,0 +1,430 @@
+"""The Transpose rules of the core pack (rules/core/transpose.yaml), on hand-written graphs.
+
+Each family has positive cases (the rule fires, onnxruntime outputs agree) and negative
+ones (wrong perm, other uses, broadcasting that cannot be remapped). Whole-pack cases
+check the direction: chains collapse to no Transpose, a shared Transpose is not
+duplicated, and the pack reaches a fixpoint without oscillating.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from core_pack_support import CORE_RULES, F32, RULES, build, fire, no_fire, node, ops
+from helpers import assert_close, optimize_proto, random_feeds, run
+
+from onnxfuse.language.packs import builtin_rules_dir
+from onnxfuse.language.rulefile import load_rule_file
+
+TRANSPOSE_RULES = {
+    "transpose-transpose-shared",
+    *(
+        f"transpose-{op}"
+        for op in [
+            "relu",
+            "sigmoid",
+            "tanh",
+            "abs",
+            "neg",
+            "exp",
+            "log",
+            "sqrt",
+            "erf",
+            "reciprocal",
+            "floor",
+            "ceil",
+            "round",
+            "sign",
+            "softplus",
+            "softsign",
+            "sin",
+            "cos",
+            "not",
+            "isnan",
+            "leakyrelu",
+            "elu",
+            "selu",
+            "celu",
+            "thresholdedrelu",
+            "hardsigmoid",
+            "gelu",
+            "isinf",
+            "cast",
+            "clip",
+        ]
+    ),
+    *(f"transpose-{op}-const" for op in ["add", "mul", "max", "min", "equal", "and", "or", "xor"]),
+    *(
+        f"transpose-{op}-const-{side}"
+        for op in ["sub", "div", "pow", "greater", "less", "greaterorequal", "lessorequal"]
+        for side in "ab"
+    ),
+    *(
+        f"transpose-{op}-transpose"
+        for op in [
+            "add",
+            "sub",
+            "mul",
+            "div",
+            "pow",
+            "max",
+            "min",
+            "equal",
+            "greater",
+            "less",
+            "greaterorequal",
+            "lessorequal",
+            "and",
+            "or",
+            "xor",
+            "concat",
+            "concat3",
+        ]
+    ),
+    *(
+        f"transpose-{op}{form}"
+        for op in ["reducemean", "reducemax", "reducemin", "reducesum"]
+        for form in ("", "-axes-input")
+    ),
+    "transpose-pad",
+    "transpose-slice",
+}
+
+NHWC, NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+
+
+def transposes(model) -> int:
+    return ops(model).count("Transpose")
+
+
+def whole_pack(model):
+    """The core pack to its fixpoint: outputs kept, no oscillation, and idempotent."""
+    report, result = optimize_proto(model, CORE_RULES)
+    assert report.stopped is None, report.stopped
+    feeds = random_feeds(model)
+    assert_close(run(result, feeds), run(model, feeds))
+    again, twice = optimize_proto(result, CORE_RULES)
+    assert again.rewrites == 0 and ops(twice) == ops(result)
+    return result
+
+
+def test_file_holds_exactly_the_listed_rules():
+    path = builtin_rules_dir() / "core" / "transpose.yaml"
+    assert {r.name for r in load_rule_file(path, pack="core")} == TRANSPOSE_RULES
+
+
+# -- unary -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [("Relu", {}), ("Exp", {}), ("LeakyRelu", {"alpha": 0.3}), ("HardSigmoid", {"beta": 0.1})],
+)
+def test_unary_sinks_the_transpose(op, attrs):
+    m = build(
+        [node("Transpose", ["x"], "t", perm=NHWC), node(op, ["t"], "y", **attrs)],
+        {"x": ([2, 3, 4, 5], F32)},
+    )
+    out = fire(m, f"transpose-{op.lower()}")
+    assert ops(out) == [op, "Transpose"]
+
+
+def test_cast_keeps_its_target_type():
+    m = build(
+        [node("Transpose", ["x"], "t", perm=[1, 0]), node("Cast", ["t"], "y", to=7)],
+        {"x": ([3, 4], F32)},
+    )
+    out = fire(m, "transpose-cast")
+    assert out.graph.output[0].type.tensor_type.elem_type == 7
+
+
+def test_unary_with_a_shared_transpose_does_not_fire():
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=NHWC),
+            node("Relu", ["t"], "y"),
+            node("Exp", ["t"], "z"),
+        ],
+        {"x": ([2, 3, 4, 5], F32)},
+        outputs=("y", "z"),
+    )
+    no_fire(m, "transpose-relu")
+    assert transposes(whole_pack(m)) == 1
+
+
+# -- binary with a constant ---------------------------------------------------------
+
+
+def _const_model(op, c, first=True, opset=17, x_shape=(2, 3, 4, 5)):
+    inputs = ["t", "c"] if first else ["c", "t"]
+    return build(
+        [node("Transpose", ["x"], "t", perm=NHWC), node(op, inputs, "y")],
+        {"x": (list(x_shape), F32)},
+        inits={"c": c},
+        opset=opset,
+    )
+
+
+@pytest.mark.parametrize(
+    "shape", [[], [1], [3], [5, 3], [4, 1, 3], [1, 4, 5, 3], [2, 4, 5, 3], [1, 1, 1, 1]]
+)
+def test_constant_of_any_broadcast_rank_is_remapped(shape):
+    c = np.random.default_rng(0).standard_normal(shape).astype(F32)
+    # x's batch axis is 1: a [2, ...] constant grows the output, which stays exact.
+    m = _const_model("Add", c, x_shape=(1, 3, 4, 5))
+    out = fire(m, "transpose-add-const")
+    assert ops(out) == ["Add", "Transpose"]  # the transposed constant is folded
+
+
+@pytest.mark.parametrize("op", ["Sub", "Div", "Pow", "Greater"])
+def test_noncommutative_constant_on_either_side(op):
+    c = np.random.default_rng(1).uniform(0.5, 2.0, [5, 3]).astype(F32)
+    fire(_const_model(op, c, first=True), f"transpose-{op.lower()}-const-a")
+    fire(_const_model(op, c, first=False), f"transpose-{op.lower()}-const-b")
+    # The other side's rule does not match the mirrored graph.
+    no_fire(_const_model(op, c, first=True), f"transpose-{op.lower()}-const-b")
+
+
+def test_constant_with_more_axes_than_x_is_refused():
+    c = np.ones([2, 1, 4, 5, 3], F32)
+    m = build(
+        [node("Transpose", ["x"], "t", perm=NHWC), node("Add", ["t", "c"], "y")],
+        {"x": ([2, 3, 4, 5], F32)},
+        inits={"c": c},
+    )
+    no_fire(m, "transpose-add-const")
+
+
+def test_runtime_operand_is_refused():
+    m = build(
+        [node("Transpose", ["x"], "t", perm=NHWC), node("Mul", ["t", "w"], "y")],
+        {"x": ([2, 3, 4, 5], F32), "w": ([3], F32)},
+    )
+    no_fire(m, "transpose-mul-const")
+
+
+# -- two Transposes meeting at a binary op ---------------------------------------------
+
+
+def _tt_model(perm_a, perm_b, shared=False, b_shape=(2, 3, 4, 5)):
+    nodes = [
+        node("Transpose", ["a"], "ta", perm=perm_a),
+        node("Transpose", ["b"], "tb", perm=perm_b),
+        node("Add", ["ta", "tb"], "y"),
+    ]
+    outputs = ("y",)
+    if shared:
+        nodes.append(node("Relu", ["ta"], "z"))
+        outputs = ("y", "z")
+    return build(nodes, {"a": ([2, 3, 4, 5], F32), "b": (list(b_shape), F32)}, outputs=outputs)
+
+
+def test_same_perm_transposes_become_one():
+    out = fire(_tt_model(NHWC, NHWC), "transpose-add-transpose")
+    assert ops(out) == ["Add", "Transpose"]
+
+
+def test_different_perms_do_not_merge():
+    # Both Transposes give [2, 4, 5, 3], from differently ordered inputs.
+    no_fire(_tt_model(NHWC, [0, 2, 1, 3], b_shape=(2, 5, 4, 3)), "transpose-add-transpose")
+
+
+def test_shared_transpose_is_kept_for_its_other_consumer():
+    out = fire(_tt_model(NHWC, NHWC, shared=True), "transpose-add-transpose")
+    assert transposes(out) == 2  # never more than before
+
+
+def test_convnext_residual_loses_two_transposes():
+    """ConvNeXt: x_nchw = T(ln); y = x_nchw + T(mlp); T(y) feeds the next NHWC norm."""
+    m = build(
+        [
+            node("Transpose", ["ln"], "x_nchw", perm=NCHW),
+            node("Relu", ["x_nchw"], "conv_stand_in"),
+            node("Transpose", ["mlp"], "m_nchw", perm=NCHW),
+            node("Add", ["x_nchw", "m_nchw"], "res"),
+            node("Transpose", ["res"], "res_nhwc", perm=NHWC),
+            node("Sigmoid", ["res_nhwc"], "y"),
+        ],
+        {"ln": ([1, 4, 4, 8], F32), "mlp": ([1, 4, 4, 8], F32)},
+        outputs=("y", "conv_stand_in"),
+    )
+    assert transposes(m) == 3
+    assert transposes(whole_pack(m)) == 1
+
+
+def test_shared_transposes_on_both_sides_do_not_fire():
+    m = build(
+        [
+            node("Transpose", ["a"], "ta", perm=NHWC),
+            node("Transpose", ["b"], "tb", perm=NHWC),
+            node("Add", ["ta", "tb"], "y"),
+            node("Relu", ["ta"], "u"),
+            node("Relu", ["tb"], "v"),
+        ],
+        {"a": ([2, 3, 4, 5], F32), "b": ([2, 3, 4, 5], F32)},
+        outputs=("y", "u", "v"),
+    )
+    no_fire(m, "transpose-add-transpose")
+
+
+# -- merges -------------------------------------------------------------------------
+
+
+def test_shared_inner_transpose_merges_into_every_transpose_consumer():
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=NHWC),
+            node("Transpose", ["t"], "u", perm=NCHW),
+            node("Transpose", ["t"], "v", perm=[0, 2, 1, 3]),
+            node("Relu", ["u"], "y"),
+            node("Relu", ["v"], "z"),
+        ],
+        {"x": ([2, 3, 4, 5], F32)},
+        outputs=("y", "z"),
+    )
+    out = whole_pack(m)
+    assert transposes(out) == 1  # x -> Relu directly, and one merged Transpose
+
+
+def test_shared_inner_transpose_with_other_consumers_only_cancels():
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=NHWC),
+            node("Transpose", ["t"], "v", perm=[0, 2, 1, 3]),
+            node("Exp", ["t"], "e"),
+            node("Relu", ["v"], "y"),
+        ],
+        {"x": ([2, 3, 4, 5], F32)},
+        outputs=("y", "e"),
+    )
+    no_fire(m, "transpose-transpose-shared")
+
+
+def test_chain_collapses_to_no_transpose():
+    c = np.random.default_rng(2).standard_normal([3]).astype(F32)
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=NHWC),
+            node("Relu", ["t"], "r"),
+            node("Add", ["r", "c"], "a"),
+            node("Sigmoid", ["a"], "s"),
+            node("Transpose", ["w"], "tw", perm=NHWC),
+            node("Mul", ["s", "tw"], "m"),
+            node("Pad", ["m", "pads"], "p"),
+            node("Transpose", ["p"], "y", perm=NCHW),
+        ],
+        {"x": ([2, 3, 4, 5], F32), "w": ([2, 3, 4, 5], F32)},
+        inits={"c": c, "pads": np.array([0, 1, 0, 0, 0, 0, 2, 0], np.int64)},
+    )
+    assert transposes(m) == 3
+    out = whole_pack(m)
+    assert transposes(out) == 0, ops(out)
+
+
+# -- Concat, reductions, Pad, Slice ------------------------------------------------------
+
+
+@pytest.mark.parametrize("axis", [3, -1, 1])
+def test_concat_axis_is_remapped(axis):
+    m = build(
+        [
+            node("Transpose", ["a"], "ta", perm=NHWC),
+            node("Transpose", ["b"], "tb", perm=NHWC),
+            node("Concat", ["ta", "tb"], "y", axis=axis),
+        ],
+        {"a": ([2, 3, 4, 5], F32), "b": ([2, 3, 4, 5], F32)},
+    )
+    out = fire(m, "transpose-concat-transpose")
+    concat = next(n for n in out.graph.node if n.op_type == "Concat")
+    assert concat.attribute[0].i == NHWC[axis]
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("axes", [[1, 2], [-1], [0, 3]])
+def test_reduce_axes_are_remapped(keepdims, axes):
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=NHWC),
+            node("ReduceMax", ["t"], "y", axes=axes, keepdims=keepdims),
+        ],
+        {"x": ([2, 3, 4, 5], F32)},
+        opset=17,
+    )
+    fire(m, "transpose-reducemax")
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reduce_sum_axes_input(keepdims):
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=[2, 0, 3, 1]),
+            node("ReduceSum", ["t", "ax"], "y", keepdims=keepdims),
+        ],
+        {"x": ([2, 3, 4, 5], F32)},
+        inits={"ax": np.array([1, 3], np.int64)},
+        opset=13,
+    )
+    fire(m, "transpose-reducesum-axes-input")
+
+
+def test_reduce_with_runtime_axes_is_refused():
+    m = build(
+        [node("Transpose", ["x"], "t", perm=NHWC), node("ReduceMean", ["t", "ax"], "y")],
+        {"x": ([2, 3, 4, 5], F32), "ax": ([1], np.int64)},
+        opset=18,
+        output_shapes={"y": ["a", "b", "c", "d"]},
+    )
+    no_fire(m, "transpose-reducemean-axes-input")
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_pad_pads_are_remapped(mode):
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=NHWC),
+            node("Pad", ["t", "pads"], "y", mode=mode),
+        ],
+        {"x": ([2, 3, 4, 5], F32)},
+        inits={"pads": np.array([0, 1, 2, 0, 1, 0, 2, 1], np.int64)},
+    )
+    fire(m, "transpose-pad")
+
+
+def test_slice_axes_remapped_with_runtime_starts():
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=NHWC),
+            node("Slice", ["t", "s", "e", "ax"], "y"),
+        ],
+        {"x": ([2, 3, 4, 5], F32), "s": ([2], np.int64), "e": ([2], np.int64)},
+        inits={"ax": np.array([-1, 1], np.int64)},
+    )
+    feeds = {
+        "x": np.random.default_rng(3).standard_normal([2, 3, 4, 5]).astype(F32),
+        "s": np.array([1, 0], np.int64),
+        "e": np.array([3, 4], np.int64),
+    }
+    fire(m, "transpose-slice", feeds=feeds)
+
+
+def test_slice_with_runtime_axes_is_refused():
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=NHWC),
+            node("Slice", ["t", "s", "e", "ax"], "y"),
+        ],
+        {"x": ([2, 3, 4, 5], F32), "ax": ([1], np.int64)},
+        inits={"s": np.array([1], np.int64), "e": np.array([2], np.int64)},
+        output_shapes={"y": ["a", "b", "c", "d"]},
+    )
+    no_fire(m, "transpose-slice")
+
+
+def test_pack_is_listed_in_readme():
+    readme = (builtin_rules_dir() / "core" / "README.md").read_text(encoding="utf-8")
+    for name in TRANSPOSE_RULES:
+        assert f"`{name}`" in readme, name
+
+
+def test_every_rule_is_in_the_pack():
+    assert set(RULES) >= TRANSPOSE_RULES
