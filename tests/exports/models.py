@@ -608,8 +608,9 @@ MODELS_BY_NAME = {spec.name: spec for spec in MODELS}
 # Bench sizes (bench/latency.py, bench/speed.py), never in the test set: big enough that
 # latency is milliseconds and optimization time is not all fixed cost. CNNs: one 224x224
 # image, static shapes (as CNNs are deployed; torch.export also cannot keep a dynamic batch
-# whose example is 1 through ConvNeXt's norms); transformers: BERT-base's shape (12 layers,
-# hidden 768), GPT-2 and Llama at two depths, batch 2 (the last sequence padded), 32 tokens.
+# whose example is 1 through ConvNeXt's norms); transformers: BERT-base's depth and width
+# (12 layers, hidden 768, 12 heads; the builder's feed-forward is 2x hidden, BERT-base's 4x),
+# GPT-2 and Llama at two depths, 2 sequences (the last one padded) of 32 tokens.
 _BENCH_TEXT = {"vocab": 1000, "batch": 2, "seq": 32}
 BENCH_MODELS: list[ModelSpec] = [
     _cnn("resnet-bench", False, arch="resnet", width=32, depth=2, image=224, batch=1),
