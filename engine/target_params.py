@@ -5,6 +5,9 @@ the capability file cannot know. The one defined so far is the CPU target's
 NCHWc block size (``cpu:block=8``): onnxruntime's blocked-layout kernels are
 laid out for the SIMD width of the machine, so a model rewritten into them only
 runs correctly where that block size holds. Plain ``cpu`` stays portable.
+Every target takes ``layout=nhwc|nchw`` (``cuda:layout=nhwc``): the tensor
+layout its convolutions should run in; a capability file's ``preferred_layout``
+is its default.
 
 Parameters reach rules through the guard name ``target_params`` (a mapping;
 a rule that reads a parameter the target lacks does not fire).
@@ -34,6 +37,22 @@ def _block(text: str) -> int | None:
     raise ValueError("8, 16 or auto")
 
 
+def _layout(text: str) -> str:
+    if text.lower() in ("nhwc", "nchw"):
+        return text.lower()
+    raise ValueError("nhwc or nchw")
+
+
+# Parameters every target takes: key -> (parser, help).
+COMMON_PARAMETERS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "layout": (
+        _layout,
+        "nhwc or nchw: the layout convolutions run in (default: the capability file's "
+        "preferred_layout, else nchw); nhwc enables the nhwc pack",
+    ),
+}
+
+
 # Parameters per target name: key -> (parser to a value or None for "off", help).
 PARAMETERS: dict[str, dict[str, tuple[Callable[[str], Any], str]]] = {
     "cpu": {
@@ -60,7 +79,7 @@ def split_spec(text: str) -> tuple[str, str | None]:
 
 def parse_params(target_name: str, spec: str) -> dict[str, Any]:
     """The parameters of ``spec`` for the target; a one-line error for unknown or bad ones."""
-    known = PARAMETERS.get(target_name, {})
+    known = {**PARAMETERS.get(target_name, {}), **COMMON_PARAMETERS}
     params: dict[str, Any] = {}
     for item in spec.split(","):
         key, _, raw = item.partition("=")
@@ -85,5 +104,8 @@ def describe_parameters(target_name: str) -> list[str]:
     """One line per parameter the target accepts, for `onnxfuse targets show`."""
     return [
         f"{target_name}:{key}=...  {help_text}"
-        for key, (_parser, help_text) in PARAMETERS.get(target_name, {}).items()
+        for key, (_parser, help_text) in {
+            **PARAMETERS.get(target_name, {}),
+            **COMMON_PARAMETERS,
+        }.items()
     ]

@@ -39,8 +39,10 @@ FILE_KEYS = {
     "generated_by": "the command that wrote the file",
     "notes": "provider-wide notes, in the source's words",
     "all_ops_of": "domains whose every standard op is supported",
+    "preferred_layout": "NCHW or NHWC: the layout the provider runs convolutions in",
     "ops": "the supported ops",
 }
+LAYOUTS = ("NCHW", "NHWC")
 OP_KEYS = {"domain", "op", "since", "until", "types", "limits", "signature", "notes"}
 LIMIT_KEYS = {
     "max_rank": "largest rank of any input or output",
@@ -166,6 +168,8 @@ class Target:
     path: Path | None = None
     # Target parameters (``cpu:block=8``), seen by guards as ``target_params``.
     params: dict[str, Any] = field(default_factory=dict)
+    # From the file's preferred_layout; NHWC makes ``layout=nhwc`` a default parameter.
+    preferred_layout: str = "NCHW"
 
     @property
     def spec(self) -> str:
@@ -303,7 +307,7 @@ def load_target(name_or_path: str) -> Target:
     base, spec = split_spec(name_or_path)
     if spec is not None:
         target = load_target(base)
-        return target.with_params(parse_params(target.name, spec))
+        return target.with_params({**target.params, **parse_params(target.name, spec)})
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = builtin_targets_dir() / f"{name_or_path}.yaml"
@@ -347,6 +351,13 @@ def parse_target(data: Any, path: Path) -> Target:
             "'all_ops_of' must be a list of domains", path, data.line_of("all_ops_of")
         )
     notes = data.get("notes") or []
+    layout = data.get("preferred_layout", "NCHW")
+    if layout not in LAYOUTS:
+        raise TargetError(
+            f"'preferred_layout' must be NCHW or NHWC, got {layout!r}",
+            path,
+            data.line_of("preferred_layout"),
+        )
     return Target(
         name=name,
         description=str(data.get("description", "")),
@@ -356,6 +367,8 @@ def parse_target(data: Any, path: Path) -> Target:
         source=str(data.get("source", "")),
         notes=[str(n) for n in notes] if isinstance(notes, list) else [str(notes)],
         path=path,
+        params={"layout": "nhwc"} if layout == "NHWC" else {},
+        preferred_layout=layout,
     )
 
 

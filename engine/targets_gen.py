@@ -103,10 +103,27 @@ def onnx_target() -> dict[str, Any]:
     }
 
 
+# Providers whose GetPreferredLayout() is NHWC, so onnxruntime's layout
+# transformer rewrites their convolutions channels-last (sources in
+# targets/sources/PROVENANCE.md). CUDA only with its prefer_nhwc option: the
+# `cuda:layout=nhwc` parameter, not a default.
+PREFERRED_NHWC = ("xnnpack", "qnn", "webgpu", "js")
+
+
+def with_preferred_layout(target: dict[str, Any]) -> dict[str, Any]:
+    """The target with `preferred_layout: NHWC` after its source keys, where it prefers it."""
+    if target["name"] not in PREFERRED_NHWC:
+        return target
+    keys = list(target)
+    at = keys.index("generated_by")
+    items = list(target.items())
+    return dict(items[:at] + [("preferred_layout", "NHWC")] + items[at:])
+
+
 def all_targets(sources: Path = SOURCES) -> list[dict[str, Any]]:
     targets = [cpu_target(), onnx_target()]
     targets.extend(provider_target(p, sources) for p in PROVIDERS)
-    return targets
+    return [with_preferred_layout(t) for t in targets]
 
 
 class _Flow(list):
