@@ -103,7 +103,7 @@ def optimize(model: ir.Model, rules: list[Rule], options: Options | None = None)
 
     # Phases run in order, each to its own fixpoint (layout after fusion).
     for phase in PHASES:
-        phase_rules = [r for r in rules if r.phase == phase]
+        phase_rules = [r for r in rules if r.runs_in(phase)]
         if phase_rules and not report.stopped:
             _Driver(model, order_rules(phase_rules), options, report, names, folder).run()
 
@@ -192,9 +192,12 @@ class _Driver:
             if node.graph is not graph:
                 continue
             for rule in self.by_anchor.get((node.domain, node.op_type), ()):
+                matcher = matchers[id(rule)]
+                if not matcher.could_match(node):
+                    continue  # match() would fail too
                 stats = self.report.rules[rule.name]
                 started = time.perf_counter()
-                match = matchers[id(rule)].match(node)
+                match = matcher.match(node)
                 if match is None:
                     stats.seconds += time.perf_counter() - started
                     continue

@@ -219,7 +219,7 @@ def test_bad_manifest_on_the_command_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert (
         err.endswith(
-            "pack.yaml:2: unknown key 'colour' (known: description, targets, replaces, extends)"
+            "pack.yaml:2: unknown key 'colour' (known: description, targets, replaces, extends, phase, reuses)"
         )
         and len(err.splitlines()) == 1
     )

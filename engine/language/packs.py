@@ -7,12 +7,16 @@ A pack folder may hold a manifest, ``pack.yaml``::
     replaces: [ort]          # packs it stands in for: dropped when this pack is active
     extends: [core]          # packs it builds on: loaded first (built-in ones on demand)
     phase: layout            # when its rules run (default: fusion), see PHASES
+    reuses: [transpose-*]    # rules of the packs before it (names, * wildcards) that run
+                             # again in its phase: the Transposes its rules create cancel
 
 Without a manifest a pack applies to every target and replaces nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -31,6 +35,7 @@ MANIFEST_KEYS = {
     "replaces": "packs this pack stands in for",
     "extends": "packs this pack builds on",
     "phase": f"when its rules run: {' or '.join(PHASES)} (each phase reaches its fixpoint first)",
+    "reuses": "rules of the packs before it (names, * wildcards) that run again in its phase",
 }
 
 
@@ -44,6 +49,7 @@ class PackManifest:
     replaces: list[str] = field(default_factory=list)
     extends: list[str] = field(default_factory=list)
     phase: str = PHASES[0]
+    reuses: list[str] = field(default_factory=list)
 
     def applies_to(self, target: str | None) -> bool:
         return self.targets is None or target is None or target in self.targets
@@ -125,6 +131,7 @@ def read_manifest(folder: str | Path) -> PackManifest:
         replaces=names("replaces") or [],
         extends=names("extends") or [],
         phase=phase,
+        reuses=names("reuses") or [],
     )
 
 
@@ -215,7 +222,32 @@ def resolve_packs(packs: list[Pack], target: str | None) -> list[Pack]:
             ordered.extend(selected or load_builtin_packs([name]))
         if pack.name not in replaced and not any(p is pack for p in ordered):
             ordered.append(pack)
-    return ordered
+    return _apply_reuses(ordered)
+
+
+def _apply_reuses(packs: list[Pack]) -> list[Pack]:
+    """Rules that a later pack `reuses` also run in that pack's phase.
+
+    A layout pack whose rewrites create Transposes names the transpose rules so
+    that they cancel in its phase too; the rules stay in their own phase, and
+    packs that are not active reuse nothing. Rules are copied, not changed:
+    loaded packs may be shared.
+    """
+    result = list(packs)
+    for index, pack in enumerate(packs):
+        patterns, phase = pack.manifest.reuses, pack.manifest.phase
+        if not patterns:
+            continue
+        for earlier in range(index):
+            before = result[earlier]
+            rules = [
+                dataclasses.replace(rule, also_phases=rule.also_phases | {phase})
+                if rule.phase != phase and any(fnmatch.fnmatchcase(rule.name, p) for p in patterns)
+                else rule
+                for rule in before.rules
+            ]
+            result[earlier] = dataclasses.replace(before, rules=rules)
+    return result
 
 
 def _where(pack: Pack) -> str | None:

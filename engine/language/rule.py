@@ -59,6 +59,11 @@ class Rule:
     pack: str = ""
     origin: str = ""
     phase: str = PHASES[0]  # set from the pack manifest's `phase`
+    # Later phases it runs in again: a pack of that phase `reuses` it (see packs.py).
+    also_phases: frozenset[str] = frozenset()
+
+    def runs_in(self, phase: str) -> bool:
+        return phase == self.phase or phase in self.also_phases
 
     @property
     def anchor_keys(self) -> set[tuple[str, str]]:
