@@ -114,10 +114,9 @@ def with_preferred_layout(target: dict[str, Any]) -> dict[str, Any]:
     """The target with `preferred_layout: NHWC` after its source keys, where it prefers it."""
     if target["name"] not in PREFERRED_NHWC:
         return target
-    keys = list(target)
-    at = keys.index("generated_by")
+    at = list(target).index("generated_by")
     items = list(target.items())
-    return dict(items[:at] + [("preferred_layout", "NHWC")] + items[at:])
+    return dict([*items[:at], ("preferred_layout", "NHWC"), *items[at:]])
 
 
 def all_targets(sources: Path = SOURCES) -> list[dict[str, Any]]:
