@@ -8,7 +8,10 @@ duplicated, and the pack reaches a fixpoint without oscillating.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import pytest
 from core_pack_support import CORE_RULES, F32, RULES, build, fire, no_fire, node, ops
 from helpers import assert_close, optimize_proto, random_feeds, run
@@ -91,6 +94,7 @@ TRANSPOSE_RULES = {
 }
 
 NHWC, NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+PEER_MODELS = Path(__file__).resolve().parent.parent / "data" / "ort-fusion"
 
 
 def transposes(model) -> int:
@@ -428,3 +432,26 @@ def test_pack_is_listed_in_readme():
 
 def test_every_rule_is_in_the_pack():
     assert set(RULES) >= TRANSPOSE_RULES
+
+
+# -- peer models ----------------------------------------------------------------------
+
+
+def test_cast_before_matmul_is_left_to_the_matmul_fusions():
+    """onnxruntime's transpose_cast_matmul model: the Transpose stays before the Cast."""
+    path = PEER_MODELS / "transpose_cast_matmul_4d_fusion0.onnx"
+    model = onnx.load(path)
+    no_fire(model, "transpose-cast")
+    assert ops(model)[:2] == ["Transpose", "Cast"]
+
+
+def test_cast_elsewhere_still_sinks():
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=[0, 1, 3, 2]),
+            node("Cast", ["t"], "c", to=10),
+            node("Relu", ["c"], "y"),
+        ],
+        {"x": ([3, 2, 4, 4], F32)},
+    )
+    fire(m, "transpose-cast")
