@@ -28,6 +28,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from fuzz.noise import NOISE_FACTOR, noise_floor
+from onnxfuse.proof.reference_ops import with_reference_definitions_bytes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ort.set_default_logger_severity(4)
@@ -151,6 +152,8 @@ def session(model_bytes: bytes) -> ort.InferenceSession:
     options.log_severity_level = 4
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
+    # Ops with no CPU kernel run as their reference definition (proof.reference_ops).
+    model_bytes = with_reference_definitions_bytes(model_bytes)
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 
 

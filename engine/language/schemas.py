@@ -37,7 +37,10 @@ def known_op(domain: str, op_type: str) -> bool | None:
             return True
         return onnx.defs.has(op_type, domain)
     if domain == "com.microsoft" or domain.startswith("com.microsoft."):
-        return (domain, op_type) in onnxruntime_contrib_ops()
+        # A kernel on this machine's (CPU) build, or a schema for another provider's
+        # kernel (com.microsoft.NhwcConv runs on CUDA and DirectML only).
+        key = (domain, op_type)
+        return key in onnxruntime_contrib_ops() or key in _contrib_versions()
     return None
 
 

@@ -495,7 +495,11 @@ def _generate(rule: Rule, domain: Domain, drawer: Drawer) -> Instance:
 
 
 def with_domain_params(target: Target | None, domain: Domain) -> Target | None:
-    """The target with the parameters the domain names (`verify: target_params`)."""
+    """The target with the parameters the domain names (`verify: target_params`); the
+    domain's own target (`verify: target`) where it names one: a rule creating ops
+    that only another provider runs is proven for that provider's capabilities."""
+    if target is not None and domain.target is not None:
+        target = load_target(domain.target)
     if target is None or not domain.target_params:
         return target
     return target.with_params({**target.params, **domain.target_params})

@@ -59,6 +59,7 @@ _DOMAIN_KEYS = {
     "tolerance": "a looser comparison tolerance, with a reason",
     "negatives": "mutations of an instance that must not fire",
     "target_params": "target parameters instances are optimized with (cpu: {block: 8})",
+    "target": "the target instances are optimized for, where not the check's (cuda)",
 }
 _VAR_KEYS = {"shape", "shapes", "dtype", "constant", "present", "value", "range"}
 _NEGATIVE_KEYS = {
@@ -177,6 +178,7 @@ class Domain:
     tolerance_reason: str = ""
     negatives: list[Negative] = field(default_factory=list)
     target_params: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0)))
@@ -232,6 +234,10 @@ def _parse(rule: Rule, raw: dict[str, Any]) -> Domain:
         raise _Invalid("'negatives' must be a list of mutations")
     domain.negatives = [_negative(entry, i) for i, entry in enumerate(negatives)]
     domain.target_params = dict(_mapping(raw, "target_params"))
+    target = raw.get("target")
+    if target is not None and (not isinstance(target, str) or not target):
+        raise _Invalid("'target' must be a target name")
+    domain.target = target
     return domain
 
 

@@ -5,6 +5,8 @@ the rewritten model. Where onnxruntime has no kernel for the source (float16
 Conv, most bfloat16 ops), both run on onnx's reference evaluator instead.
 bfloat16 graph inputs and outputs pass through an exact float32 Cast, since
 onnxruntime's Python API cannot exchange bfloat16 arrays.
+Ops with a reference definition (no CPU kernel: com.microsoft.NhwcConv) are
+inlined as it first (reference_ops).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper
+
+from onnxfuse.proof.reference_ops import with_reference_definitions
 
 ORT = "onnxruntime"
 REFERENCE = "onnx.reference"
@@ -52,6 +56,7 @@ def choose_runner(model: onnx.ModelProto) -> Runner:
 def _ort_session(model: onnx.ModelProto):
     import onnxruntime as ort
 
+    model = with_reference_definitions(model)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
@@ -97,7 +102,7 @@ def _run_reference(
     from onnx.reference import ReferenceEvaluator
 
     try:
-        evaluator = ReferenceEvaluator(model)
+        evaluator = ReferenceEvaluator(with_reference_definitions(model))
     except Exception as exc:
         raise RuntimeFailure(f"onnx.reference cannot load the model: {first_line(exc)}") from None
     results = []
