@@ -352,3 +352,77 @@ def test_pack_readme_lists_every_rule():
     for rule in rules:
         assert f"`{rule.name}`" in readme, rule.name
         assert rule.references == ["onnxruntime NchwcTransformer"], rule.name
+
+
+def _graph_case(kind: str) -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+
+    def weight(o, i, k=3):
+        return (rng.standard_normal((o, i, k, k)) * 0.2).astype(np.float32)
+
+    pads = [1, 1, 1, 1]
+    if kind == "concat3":
+        nodes = [
+            helper.make_node("Conv", ["X", "Wa"], ["A"], pads=pads),
+            helper.make_node("Conv", ["X", "Wb"], ["B"], pads=pads),
+            helper.make_node("Conv", ["X", "Wc"], ["C"], pads=pads),
+            helper.make_node("Concat", ["A", "B", "C"], ["K"], axis=1),
+            helper.make_node("Conv", ["K", "Wd"], ["Y"], pads=pads),
+        ]
+        inits = {"Wa": weight(8, 16), "Wb": weight(16, 16), "Wc": weight(8, 16)}
+        inits["Wd"] = weight(16, 32)
+        return _model(nodes, inits, [1, 16, 8, 8], [1, 16, 8, 8])
+    if kind == "resize":
+        nodes = [
+            helper.make_node("Conv", ["X", "Wa"], ["A"], pads=pads),
+            helper.make_node(
+                "Resize",
+                ["A", "", "S"],
+                ["U"],
+                mode="nearest",
+                coordinate_transformation_mode="asymmetric",
+                nearest_mode="floor",
+            ),
+            helper.make_node("Conv", ["U", "Wb"], ["Y"], pads=pads),
+        ]
+        inits = {"Wa": weight(16, 16), "Wb": weight(16, 16)}
+        inits["S"] = np.array([1, 1, 2, 2], np.float32)
+        return _model(nodes, inits, [1, 16, 4, 4], [1, 16, 8, 8])
+    if kind == "batchnorm":
+        nodes = [
+            helper.make_node("Conv", ["X", "Wa"], ["A"], pads=pads),
+            helper.make_node("Relu", ["A"], ["R"]),
+            helper.make_node("BatchNormalization", ["R", "s", "b", "m", "v"], ["N"]),
+            helper.make_node("Conv", ["N", "Wb"], ["Y"], pads=pads),
+        ]
+        inits = {"Wa": weight(16, 16), "Wb": weight(16, 16)}
+        inits.update({k: (rng.random(16) + 0.5).astype(np.float32) for k in "sbmv"})
+        return _model(nodes, inits, [1, 16, 8, 8], [1, 16, 8, 8])
+    if kind == "nhwc-output":
+        nodes = [
+            helper.make_node("Conv", ["X", "Wa"], ["A"], pads=pads),
+            helper.make_node("Transpose", ["A"], ["Y"], perm=[0, 2, 3, 1]),
+        ]
+        return _model(nodes, {"Wa": weight(16, 16)}, [1, 16, 8, 8], [1, 8, 8, 16])
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["concat3", "resize", "batchnorm", "nhwc-output"])
+def test_blocked_regions_like_onnxruntime(kind, tmp_path):
+    model = _graph_case(kind)
+    ours, theirs = _ours(model), _ort_all(model, tmp_path)
+    mine, reference = _ops(ours), _ops(theirs)
+    reorders = (f"{NCHWC}::ReorderInput", f"{NCHWC}::ReorderOutput")
+    assert sum(mine[op] for op in reorders) <= sum(reference[op] for op in reorders), (
+        mine,
+        reference,
+    )
+    assert len(ours.graph.node) <= len(theirs.graph.node), (mine, reference)
+    # One blocked region: a reorder in, a reorder out; Concat runs on the blocked tensors.
+    assert sum(mine[op] for op in reorders) == 2
+    assert all(n.domain == NCHWC or n.op_type == "Concat" for n in ours.graph.node)
+    x = np.random.default_rng(4).standard_normal(
+        [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    )
+    x = x.astype(np.float32)
+    np.testing.assert_allclose(_run(ours, x), _run(model, x), rtol=1e-4, atol=1e-4)
