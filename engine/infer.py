@@ -8,12 +8,22 @@ that the values downstream of them get types and shapes too.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
 from onnxfuse import extension_ops
 from onnxfuse.language import schemas
+
+# Initializers above this many elements reach onnx's inference as external references
+# (type and shape, no data). No operator's inference reads such a tensor's data
+# (shape-like inputs hold one element per dimension), and a serialized copy would hold
+# the model's weights several times over (proto, bytes, onnx's parsed copy, its result).
+_INFERENCE_DATA_LIMIT = 1024
+_PLACEHOLDER = "onnxfuse-inference-placeholder"
 
 
 def infer_node(node: ir.Node, opset: int) -> None:
@@ -138,10 +148,12 @@ def _infer_once(model: ir.Model) -> None:
     ignored.
     """
     try:
-        proto = ir.serde.serialize_model(model)
+        with _weights_as_placeholders(model):
+            proto = ir.serde.serialize_model(model)
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:  # too large to serialize, or onnx gave up: keep what we have
         return
+    del proto
     found: dict[str, onnx.TypeProto] = {}
     _collect_types(inferred.graph, found)
     for graph in model.graphs():
@@ -158,6 +170,31 @@ def _infer_once(model: ir.Model) -> None:
                 value.type = dtype
             if shape is not None and value.shape != shape:
                 value.shape = shape
+
+
+@contextmanager
+def _weights_as_placeholders(model: ir.Model) -> Iterator[None]:
+    """Large initializers stand in as external tensors of the same type and shape while
+    the model is serialized for inference; the originals are back afterwards."""
+    saved: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    try:
+        for graph in model.graphs():
+            for value in graph.initializers.values():
+                tensor = value.const_value
+                if (
+                    tensor is None
+                    or isinstance(tensor, ir.ExternalTensor)
+                    or tensor.size <= _INFERENCE_DATA_LIMIT
+                ):
+                    continue
+                saved.append((value, tensor))
+                value.const_value = ir.ExternalTensor(
+                    _PLACEHOLDER, None, None, tensor.dtype, shape=tensor.shape, name=value.name
+                )
+        yield
+    finally:
+        for value, tensor in saved:
+            value.const_value = tensor
 
 
 def _collect_types(graph: onnx.GraphProto, found: dict[str, onnx.TypeProto]) -> None:

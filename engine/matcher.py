@@ -9,7 +9,7 @@ every order by backtracking, so a rule is never copied per input order.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +115,19 @@ class Matcher:
                 )
                 return False
         return True
+
+    def could_match(self, node: ir.Node) -> bool:
+        """A cheap necessary condition for ``match(node)``: some source anchored on this op
+        finds, in some input order, a producer of the right op or a constant wherever its
+        anchor needs one. Most nodes a rule is tried on fail here; callers that need no
+        failure message skip ``match`` for them."""
+        inputs = node.inputs
+        for source in self.rule.sources:
+            if source.anchor.key != (node.domain, node.op_type):
+                continue
+            if any(self._plausible(o, inputs) for o in self._input_orders(source.anchor)):
+                return True
+        return False
 
     def match(self, node: ir.Node) -> Match | None:
         self.failure = None
@@ -222,7 +235,9 @@ class Matcher:
         self._orders[id(pnode)] = orders
         return orders
 
-    def _plausible(self, order: list[PatternValue | None], graph_inputs: list) -> bool:
+    def _plausible(
+        self, order: list[PatternValue | None], graph_inputs: Sequence[ir.Value | None]
+    ) -> bool:
         """Whether each pattern input could match the graph input in its place (op types,
         constness and presence only): prunes input orders of commutative nodes cheaply."""
         for position, pvalue in enumerate(order):
