@@ -426,3 +426,11 @@ def test_blocked_regions_like_onnxruntime(kind, tmp_path):
     )
     x = x.astype(np.float32)
     np.testing.assert_allclose(_run(ours, x), _run(model, x), rtol=1e-4, atol=1e-4)
+
+
+def test_every_nchwc_rule_needs_a_block_size():
+    from onnxfuse.language.packs import load_builtin_rules
+
+    for rule in load_builtin_rules(["nchwc"]):
+        assert rule.guards[0].text == "'block' in target_params", rule.name
+        assert rule.verify.get("target_params") == {"block": 8}, rule.name
