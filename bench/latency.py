@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    started = environment(args)
     block = block_target_available()
     print(f"target {BLOCK_TARGET}: {'measured' if block else 'not available'}", file=sys.stderr)
     rows = []
@@ -254,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             export = get_export(spec, exporter, opset)
             rows.append(measure_model(label, export.path, export.feeds, args, block, Path(tmp)))
     if args.json:
-        result = {"environment": environment(args), "block_target": block, "models": rows}
+        # the optimizer runs as a fresh CLI per model: commits made meanwhile are in later rows
+        started["commit_end"] = environment(args)["commit"]
+        result = {"environment": started, "block_target": block, "models": rows}
         args.json.write_text(json.dumps(result, indent=1))
     return 0
 

@@ -55,9 +55,15 @@ def _environment(name: str, env: dict) -> list[str]:
         if env.get("dirty")
         else ""
     )
+    commit = f"commit `{env.get('commit', '?')}`"
+    if env.get("commit_end", env.get("commit")) != env.get("commit"):
+        commit = (
+            f"commits `{env['commit']}` at the start to `{env['commit_end']}` at the end "
+            "(the tree changed during the run)"
+        )
     return [
-        f"- {name}: `{env.get('command', '?')}` on {env.get('date', '?')}, commit "
-        f"`{env.get('commit', '?')}`{dirty}; {env.get('machine', '?')}, "
+        f"- {name}: `{env.get('command', '?')}` on {env.get('date', '?')}, {commit}"
+        f"{dirty}; {env.get('machine', '?')}, "
         f"{env.get('cores', '?')} cores; {versions}.",
     ]
 

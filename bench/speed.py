@@ -344,6 +344,8 @@ def main() -> None:
         results["scaling"] = scaling(folder, args.scaling)
     if args.external_gb:
         results["external"] = external(folder, args.external_gb)
+    # each measurement imports the engine afresh: commits made meanwhile are in later rows
+    results["environment"]["commit_end"] = environment(args)["commit"]
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
