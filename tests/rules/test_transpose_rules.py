@@ -91,6 +91,10 @@ TRANSPOSE_RULES = {
     ),
     "transpose-pad",
     "transpose-slice",
+    "transpose-where-const-cond",
+    "transpose-where-const-x",
+    "transpose-where-const-y",
+    "transpose-where-transpose",
 }
 
 NHWC, NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
@@ -432,6 +436,48 @@ def test_pack_is_listed_in_readme():
 
 def test_every_rule_is_in_the_pack():
     assert set(RULES) >= TRANSPOSE_RULES
+
+
+# -- Where ---------------------------------------------------------------------------
+
+
+def test_where_mask_transposed_with_constant_branches():
+    m = build(
+        [
+            node("Transpose", ["mask"], "t", perm=NHWC),
+            node("Where", ["t", "neg", "c"], "y"),
+        ],
+        {"mask": ([2, 3, 4, 5], np.bool_)},
+        inits={"neg": np.array(-1e4, F32), "c": np.arange(3, dtype=F32)},
+    )
+    out = fire(m, "transpose-where-const-cond")
+    assert ops(out) == ["Where", "Transpose"]
+
+
+def test_where_data_transposed_with_runtime_mask_is_refused():
+    m = build(
+        [
+            node("Transpose", ["x"], "t", perm=NHWC),
+            node("Where", ["mask", "t", "c"], "y"),
+        ],
+        {"x": ([2, 3, 4, 5], F32), "mask": ([2, 4, 5, 3], np.bool_)},
+        inits={"c": np.array(0.0, F32)},
+    )
+    no_fire(m, "transpose-where-const-x")
+
+
+def test_where_of_three_transposes():
+    m = build(
+        [
+            node("Transpose", ["mask"], "tm", perm=NHWC),
+            node("Transpose", ["a"], "ta", perm=NHWC),
+            node("Transpose", ["b"], "tb", perm=NHWC),
+            node("Where", ["tm", "ta", "tb"], "y"),
+        ],
+        {"mask": ([2, 3, 4, 5], np.bool_), "a": ([2, 3, 4, 5], F32), "b": ([1, 3, 1, 5], F32)},
+    )
+    out = fire(m, "transpose-where-transpose")
+    assert transposes(out) == 1
 
 
 # -- peer models ----------------------------------------------------------------------
