@@ -501,3 +501,37 @@ def test_cast_elsewhere_still_sinks():
         {"x": ([3, 2, 4, 4], F32)},
     )
     fire(m, "transpose-cast")
+
+
+# -- constants and direction ----------------------------------------------------------
+
+
+def test_transpose_of_a_constant_is_folded():
+    w = np.random.default_rng(4).standard_normal([3, 4]).astype(F32)
+    m = build(
+        [node("Transpose", ["w"], "wt", perm=[1, 0]), node("MatMul", ["x", "wt"], "y")],
+        {"x": ([2, 4], F32)},
+        inits={"w": w},
+    )
+    assert ops(whole_pack(m)) == ["MatMul"]
+
+
+def test_diamond_and_alternating_chain_reach_a_fixpoint():
+    """Transposes and their inverses alternate with unary ops and rejoin: no oscillation."""
+    m = build(
+        [
+            node("Transpose", ["x"], "t1", perm=NHWC),
+            node("Relu", ["t1"], "r1"),
+            node("Transpose", ["r1"], "t2", perm=NCHW),
+            node("Tanh", ["t2"], "r2"),
+            node("Transpose", ["r2"], "t3", perm=NHWC),
+            node("Exp", ["t3"], "e"),
+            node("Neg", ["t3"], "n"),
+            node("Add", ["e", "n"], "s"),
+            node("Transpose", ["s"], "y", perm=NCHW),
+        ],
+        {"x": ([2, 3, 4, 5], F32)},
+    )
+    out = whole_pack(m)
+    # t1/t2 cancel; t3 is shared by Exp and Neg, so it stays and y's Transpose with it.
+    assert transposes(out) == 2, ops(out)
