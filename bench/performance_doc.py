@@ -30,6 +30,7 @@ MAX_LATENCY_RATIO = 1.05  # medians of a shared 2-core machine: 5% is within the
 # The 200k-node point of the scaling run (about 6 GB and 4 minutes: not rerun every time);
 # measured with speed.py --run-one on a 3,920-block stack, recorded in bench/README.md.
 SCALING_200K = {"nodes": 199_929, "seconds": 232.9, "rss_gb": 6.0, "commit": "bc1eb26"}
+SCALING_200K_1K = 1.41  # that run's 1,029-node point, seconds: how loaded the machine was
 
 TOOLS = {"onnxfuse": "onnxfuse", "onnxscript": "onnxscript", "ort-transformers": "ORT transformers"}
 VARIANTS = {
@@ -38,6 +39,13 @@ VARIANTS = {
     "fuse-none": "onnxfuse cpu, ORT off",
     "fuse-all": "onnxfuse cpu, ORT all",
     "block-none": "onnxfuse cpu:block=auto, ORT off",
+}
+KIND_NOTES = {
+    "cnn": "onnxscript leaves these unchanged: their initializers are also graph inputs, so "
+    "it treats them as non-constant and has nothing to do; onnxfuse folds and fuses them.",
+    "export": "The CNN exports have static shapes (1x3x224x224); the transformers take 2 "
+    "sequences of 32 tokens. The BERT has BERT-base's depth and width (12 layers, hidden "
+    "768) with a 1536 feed-forward.",
 }
 KINDS = {
     "decoder": "Synthetic decoder stacks (bench/synthetic.py)",
@@ -82,6 +90,8 @@ def speed_tables(rows: list[dict]) -> list[str]:
         if not group:
             continue
         out += [f"### {title}", ""]
+        if kind in KIND_NOTES:
+            out += [KIND_NOTES[kind], ""]
         head = ["model", "nodes", *TOOLS.values(), "nodes after: " + " / ".join(TOOLS.values())]
         out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for row in group:
@@ -285,7 +295,9 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
                 "",
                 "onnxfuse alone on decoder stacks with zero weights, file to file. Fit over this",
                 f"run's points: time ~ nodes^{speed['scaling']['exponent']:.3f}. The last row is",
-                f"from an earlier run (peak RSS {SCALING_200K['rss_gb']} GB), not refit here.",
+                f"from an earlier run (peak RSS {SCALING_200K['rss_gb']} GB), not refit here; that",
+                f"run's 1,029-node point took {SCALING_200K_1K} s on a quieter machine, so compare",
+                "per-node times only within one run.",
                 "",
                 *scaling_table(speed["scaling"]),
                 "",
@@ -298,7 +310,10 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
                     f"A decoder stack with {ext['weight_mb']:,.0f} MB of weights in external data "
                     f"optimizes in {ext['seconds']:.1f} s with a peak RSS of "
                     f"{ext['rss_mb']:,.0f} MB ({ext['rss_mb'] / ext['weight_mb']:.1%} of the "
-                    "weights): weights no rule reads stay on disk.",
+                    "weights; peak RSS is the child process's VmHWM). Weights no rule reads stay",
+                    "on disk; those a rewrite computes from are loaded and the new ones held until",
+                    "the save: on this stack, the Attention fusion packs every layer's Q, K and V",
+                    "weights (a quarter of the weights) into one new initializer.",
                     "",
                 ]
             else:
