@@ -434,3 +434,20 @@ def test_every_nchwc_rule_needs_a_block_size():
     for rule in load_builtin_rules(["nchwc"]):
         assert rule.guards[0].text == "'block' in target_params", rule.name
         assert rule.verify.get("target_params") == {"block": 8}, rule.name
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [pytest.param(r, id=r.name) for r in api.select_rules(target="cpu") if r.pack == "nchwc"],
+)
+def test_rule_does_not_fire_without_a_block_size(rule):
+    from onnxfuse.proof.check import find_firing_instance, optimize_with
+    from onnxfuse.proof.domain import parse_domain
+    from onnxfuse.proof.instance import build_model
+
+    instance, _ = find_firing_instance(rule, parse_domain(rule), load_target("cpu"), tries=50)
+    assert instance is not None, rule.name
+    model = build_model(instance.spec)
+    assert optimize_with(model, rule, load_target("cpu:block=8"))[0]
+    portable = load_target("cpu")
+    assert not optimize_with(model, rule, portable)[0]
