@@ -73,6 +73,8 @@ EXPECTED_RULES = {
     "gemm-zero-c",
     "gemm-sum",
     "reshape-gemm-reshape-matmul",
+    "reshape-gemm-reshape-matmul-heads",
+    "reshape-same-dims",
 } | TRANSPOSE_RULES
 
 I64 = np.int64
