@@ -81,6 +81,7 @@ def with_reference_definitions(model: onnx.ModelProto) -> onnx.ModelProto:
     wanted = [key for key in sorted(_used_ops(model)) if key in definitions]
     if not wanted:
         return model
+    _check_attributes(model, definitions)
     expanded = onnx.ModelProto()
     expanded.CopyFrom(model)
     imports = {o.domain: o.version for o in expanded.opset_import}
@@ -100,6 +101,29 @@ def with_reference_definitions(model: onnx.ModelProto) -> onnx.ModelProto:
                 imports[entry.domain] = entry.version
         expanded.functions.append(function)
     return onnx.inliner.inline_selected_functions(expanded, wanted)
+
+
+class DefinitionMismatch(ValueError):
+    """A node of a defined op that the definition (and the op) does not allow."""
+
+
+def _check_attributes(
+    model: onnx.ModelProto, definitions: dict[tuple[str, str], onnx.FunctionProto]
+) -> None:
+    """Every attribute of a defined op's node is one the definition declares: inlining
+    would silently drop any other, and the provider's kernel rejects it."""
+    nodes = list(model.graph.node) + [n for f in model.functions for n in f.node]
+    for node in nodes:
+        definition = definitions.get((node.domain, node.op_type))
+        if definition is None:
+            continue
+        allowed = set(definition.attribute) | {a.name for a in definition.attribute_proto}
+        unknown = sorted(a.name for a in node.attribute if a.name not in allowed)
+        if unknown:
+            raise DefinitionMismatch(
+                f"{node.domain}.{node.op_type} node '{node.name}' has attributes its "
+                f"definition does not declare: {', '.join(unknown)}"
+            )
 
 
 def with_reference_definitions_bytes(model_bytes: bytes) -> bytes:

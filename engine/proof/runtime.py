@@ -56,7 +56,10 @@ def choose_runner(model: onnx.ModelProto) -> Runner:
 def _ort_session(model: onnx.ModelProto):
     import onnxruntime as ort
 
-    model = with_reference_definitions(model)
+    try:
+        model = with_reference_definitions(model)
+    except ValueError as exc:  # a node its reference definition does not allow
+        raise RuntimeFailure(str(exc)) from None
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
