@@ -74,18 +74,11 @@ _SDPA = (
     "(all -inf) into zeros, where onnxruntime's Attention gives NaN, so the fusion would "
     "change the outputs for such inputs (onnxscript's SDPA and MHA fusions fuse it anyway)"
 )
-_CONVNEXT = (
-    "ConvNeXt's Transpose back to NCHW before the residual Add and the Transpose to NHWC "
-    "after it (for the downsampling LayerNorm) are not cancelled through the Add, as "
-    "onnxruntime's transpose optimizer does"
-)
 KNOWN_GAPS: dict[str, str] = {
     "bert-mask-legacy14": _EMBED,
     "bert-mask-legacy17": _EMBED,
     "bert-sdpa-h64-dynamo18": _SDPA,
     "bert-sdpa-h64-dynamo20": _SDPA,
-    "convnext-small-legacy17": _CONVNEXT,
-    "convnext-small-dynamo20": _CONVNEXT,
 }
 
 
