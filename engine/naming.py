@@ -10,6 +10,7 @@ class NameSource:
 
     def __init__(self, model: ir.Model):
         self.used: set[str] = set()
+        self.counters: dict[str, int] = {}  # base -> first suffix not yet known to be taken
         for graph in all_graphs(model):
             for value in (*graph.inputs, *graph.outputs, *graph.initializers.values()):
                 if value.name:
@@ -24,20 +25,34 @@ class NameSource:
     def fresh(self, base: str) -> str:
         base = base or "v"
         candidate = base
-        counter = 1
+        # Names are never released, so the first free suffix only grows: resume the
+        # search where the last one for this base ended (many unnamed values share one).
+        counter = self.counters.get(base, 1)
         while candidate in self.used:
             candidate = f"{base}_{counter}"
             counter += 1
+        self.counters[base] = counter
         self.used.add(candidate)
         return candidate
 
 
 def all_graphs(model: ir.Model) -> list[ir.Graph]:
-    graphs = [model.graph, *model.graph.subgraphs()]
+    graphs = [model.graph, *subgraphs(model.graph)]
     for function in model.functions.values():
         graphs.append(function.graph)
-        graphs.extend(function.graph.subgraphs())
+        graphs.extend(subgraphs(function.graph))
     return graphs
+
+
+_GRAPH_ATTRIBUTES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+
+
+def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
+    """``graph.subgraphs()``, answered at once for a graph no attribute of which holds a
+    graph (the common case): onnx_ir's recursive walk costs far more than this scan."""
+    if any(attr.type in _GRAPH_ATTRIBUTES for node in graph for attr in node.attributes.values()):
+        return list(graph.subgraphs())
+    return []
 
 
 def region_hash(roots: list[ir.Value], depth: int) -> int:
