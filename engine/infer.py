@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from onnxfuse import extension_ops
 from onnxfuse.language import schemas
+from onnxfuse.naming import subgraphs
 
 # Initializers above this many elements reach onnx's inference as external references
 # (type and shape, no data). No operator's inference reads such a tensor's data
@@ -110,10 +111,10 @@ def _type_through_extension_ops(model: ir.Model) -> bool:
 
 
 def _graphs_with_opsets(model: ir.Model) -> list[tuple[ir.Graph, dict[str, int]]]:
-    found = [(g, dict(model.opset_imports)) for g in (model.graph, *model.graph.subgraphs())]
+    found = [(g, dict(model.opset_imports)) for g in (model.graph, *subgraphs(model.graph))]
     for function in model.functions.values():
         opsets = dict(function.opset_imports)
-        found.extend((g, opsets) for g in (function.graph, *function.graph.subgraphs()))
+        found.extend((g, opsets) for g in (function.graph, *subgraphs(function.graph)))
     return found
 
 
@@ -156,7 +157,7 @@ def _infer_once(model: ir.Model) -> None:
     del proto
     found: dict[str, onnx.TypeProto] = {}
     _collect_types(inferred.graph, found)
-    for graph in model.graphs():
+    for graph in (model.graph, *subgraphs(model.graph)):
         for value in _graph_values(graph):
             type_proto = found.get(value.name or "")
             if type_proto is None or not type_proto.HasField("tensor_type"):
@@ -178,7 +179,7 @@ def _weights_as_placeholders(model: ir.Model) -> Iterator[None]:
     the model is serialized for inference; the originals are back afterwards."""
     saved: list[tuple[ir.Value, ir.TensorProtocol]] = []
     try:
-        for graph in model.graphs():
+        for graph in (model.graph, *subgraphs(model.graph)):
             for value in graph.initializers.values():
                 tensor = value.const_value
                 if (

@@ -84,6 +84,8 @@ class Matcher:
         self.failure: str | None = None
         self._progress = self._failure_progress = 0
         self._orders: dict[int, list[list[PatternValue | None]]] = {}  # by id(pattern node)
+        self._anchors = [source.anchor for source in rule.sources]
+        self._needs: dict[int, tuple[str, str, list]] = {}  # by id(pattern node)
         # Pattern nodes that accept any further attributes, which the target copies.
         self.open_nodes: dict[int, str] = {}
         for source_name, target_name in rule.copy_attributes.items():
@@ -117,17 +119,68 @@ class Matcher:
         return True
 
     def could_match(self, node: ir.Node) -> bool:
-        """A cheap necessary condition for ``match(node)``: some source anchored on this op
-        finds, in some input order, a producer of the right op or a constant wherever its
-        anchor needs one. Most nodes a rule is tried on fail here; callers that need no
-        failure message skip ``match`` for them."""
-        inputs = node.inputs
-        for source in self.rule.sources:
-            if source.anchor.key != (node.domain, node.op_type):
+        """A cheap necessary condition for ``match(node)``: the op types, constants and
+        output positions below some source's anchor are there, however variables bind.
+        Most nodes a rule is tried on fail here; callers that need no failure message
+        skip ``match`` for them."""
+        memo: dict[tuple[int, int], bool] = {}
+        return any(self._structure_fits(anchor, node, memo) for anchor in self._anchors)
+
+    def _structure_fits(
+        self, pnode: PatternNode, node: ir.Node, memo: dict[tuple[int, int], bool]
+    ) -> bool:
+        seen = (id(pnode), id(node))
+        found = memo.get(seen)
+        if found is not None:
+            return found
+        needs = self._needs.get(id(pnode))
+        if needs is None:
+            needs = self._needs[id(pnode)] = self._structure(pnode)
+        domain, op_type, orders = needs
+        found = False
+        if node.op_type == op_type and node.domain == domain:
+            inputs = node.inputs
+            found = any(self._inputs_fit(order, inputs, memo) for order in orders)
+        memo[seen] = found
+        return found
+
+    def _inputs_fit(
+        self,
+        order: list[tuple[int, PatternNode | None, int]],
+        inputs: Sequence[ir.Value | None],
+        memo: dict[tuple[int, int], bool],
+    ) -> bool:
+        for position, producer_pattern, output_index in order:
+            value = inputs[position] if position < len(inputs) else None
+            if value is None:
+                return False
+            if producer_pattern is None:  # a constant
+                if constant_tensor(value, self.context.ir_version) is None:
+                    return False
                 continue
-            if any(self._plausible(o, inputs) for o in self._input_orders(source.anchor)):
-                return True
-        return False
+            producer = value.producer()
+            if (
+                producer is None
+                or value.index() != output_index
+                or not self._structure_fits(producer_pattern, producer, memo)
+            ):
+                return False
+        return True
+
+    def _structure(
+        self, pnode: PatternNode
+    ) -> tuple[str, str, list[list[tuple[int, PatternNode | None, int]]]]:
+        """What ``could_match`` checks at ``pnode``, per input order: (position, producer
+        pattern node or None for a constant, output index) of each non-variable input."""
+        orders = []
+        for order in self._input_orders(pnode):
+            needs = []
+            for position, pvalue in enumerate(order):
+                if pvalue is None or pvalue.kind == "input":
+                    continue
+                needs.append((position, pvalue.producer, pvalue.output_index))
+            orders.append(needs)
+        return pnode.domain, pnode.op_type, orders
 
     def match(self, node: ir.Node) -> Match | None:
         self.failure = None

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from onnxfuse.errors import InvariantError, ModelError
 from onnxfuse.extension_ops import checker_view, holds_accepted
 from onnxfuse.infer import extension_output_types
+from onnxfuse.naming import subgraphs
 
 if TYPE_CHECKING:
     from onnxfuse.targets import Target
@@ -146,7 +147,7 @@ def _valid_once_sorted(model: ir.Model, failure: str, target: Target | None) -> 
 
 def _attach_external_data_base(model: ir.Model, base_dir: Path) -> None:
     """Let lazily loaded external tensors find their files next to the model."""
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in (model.graph, *subgraphs(model.graph)):
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor):
@@ -202,7 +203,7 @@ def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None =
 
 def _needs_external_data(model: ir.Model) -> bool:
     total = 0
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in (model.graph, *subgraphs(model.graph)):
         for value in graph.initializers.values():
             tensor = value.const_value
             if tensor is None:

@@ -15,7 +15,7 @@ from onnxfuse.folding import DEFAULT_FOLD_LIMIT_BYTES, FoldContext, Folder
 from onnxfuse.infer import infer_shapes
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.matcher import Match, Matcher, ModelContext
-from onnxfuse.naming import NameSource, all_graphs, region_hash
+from onnxfuse.naming import NameSource, all_graphs, region_hash, subgraphs
 from onnxfuse.rewrite import Blocked, apply_match
 from onnxfuse.targets import Target
 
@@ -148,6 +148,7 @@ class _Driver:
         self.states: dict[int, int] = {}  # structural hash -> position in history
         self.history: list[str] = []
         self.last_progress = time.perf_counter()
+        self._owners: dict[int, tuple[ir.Graph, ir.Function]] | None = None
 
     def run(self) -> None:
         if not self.by_anchor:
@@ -170,11 +171,11 @@ class _Driver:
         ir_version = self.model.ir_version or 10
         main = ModelContext(ir_version, dict(self.model.opset_imports))
         found = [(self.model.graph, main)]
-        found.extend((g, main) for g in self.model.graph.subgraphs())
+        found.extend((g, main) for g in subgraphs(self.model.graph))
         for function in self.model.functions.values():
             context = ModelContext(ir_version, dict(function.opset_imports))
             found.append((function.graph, context))
-            found.extend((g, context) for g in function.graph.subgraphs())
+            found.extend((g, context) for g in subgraphs(function.graph))
         return found
 
     def _fixpoint(self, graph: ir.Graph, context: ModelContext) -> bool:
@@ -251,15 +252,7 @@ class _Driver:
         return self.folder.fold_nodes(created)
 
     def _add_opset_imports(self, rule: Rule, created: list[ir.Node]) -> None:
-        graph = created[0].graph if created else None
-        owner = next(
-            (
-                f
-                for f in self.model.functions.values()
-                if graph is f.graph or any(graph is g for g in f.graph.subgraphs())
-            ),
-            None,
-        )
+        owner = self._owner(created[0].graph) if created else None
         for node in created:
             version = self.model.opset_imports.setdefault(
                 node.domain, rule.imports.get(node.domain, 1)
@@ -267,6 +260,17 @@ class _Driver:
             # A function body needs its own import, even when the model already has one.
             if owner is not None:
                 owner.opset_imports.setdefault(node.domain, version)
+
+    def _owner(self, graph: ir.Graph | None) -> ir.Function | None:
+        """The function whose body holds ``graph`` (None: the main graph or its subgraphs).
+        Found once per driver, not per rewrite: rewrites create no graphs."""
+        if self._owners is None:
+            self._owners = {}
+            for function in self.model.functions.values():
+                for g in (function.graph, *subgraphs(function.graph)):
+                    self._owners.setdefault(id(g), (g, function))
+        found = self._owners.get(id(graph))
+        return found[1] if found is not None and found[0] is graph else None
 
     def _neighbourhood(self, created: list[ir.Node], match: Match) -> list[ir.Node]:
         """Nodes whose matches a rewrite may have changed."""
@@ -325,7 +329,7 @@ def normalize(
     function_graphs = frozenset(
         id(g)
         for function in model.functions.values()
-        for g in (function.graph, *function.graph.subgraphs())
+        for g in (function.graph, *subgraphs(function.graph))
     )
     folder = Folder(
         FoldContext(model.ir_version or 10, dict(model.opset_imports), fold_limit_bytes),
