@@ -535,3 +535,21 @@ def test_diamond_and_alternating_chain_reach_a_fixpoint():
     out = whole_pack(m)
     # t1/t2 cancel; t3 is shared by Exp and Neg, so it stays and y's Transpose with it.
     assert transposes(out) == 2, ops(out)
+
+
+def test_scalar_scaling_before_matmul_is_left_to_the_scale_folds():
+    """SDPA's decomposition scales Transpose(K) by a number before the MatMul."""
+
+    def model(scale_shape):
+        return build(
+            [
+                node("Transpose", ["k"], "kt", perm=[0, 2, 1]),
+                node("Mul", ["kt", "s"], "ks"),
+                node("MatMul", ["q", "ks"], "y"),
+            ],
+            {"q": ([2, 3, 4], F32), "k": ([2, 5, 4], F32)},
+            inits={"s": np.full(scale_shape, 0.5, F32)},
+        )
+
+    no_fire(model([]), "transpose-mul-const")
+    fire(model([1, 5]), "transpose-mul-const")
