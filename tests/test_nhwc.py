@@ -322,3 +322,13 @@ def test_quantized_chain_on_the_cpu_runs_channels_last_with_two_transposes():
 def test_quantized_chain_without_the_parameter_is_left_alone():
     ops = _ops(_optimize(_qconv_model(), "cpu"))
     assert ops["QLinearConv"] == 2 and ops["Transpose"] == 0
+
+
+def test_an_attribute_the_definition_does_not_declare_is_refused():
+    """Inlining would drop it silently while the provider's kernel rejects it."""
+    from onnxfuse.proof.reference_ops import DefinitionMismatch
+
+    model = _nhwc_conv_model(np.ones([4, 3, 2, 3], np.float32))
+    model.graph.node[0].attribute.append(helper.make_attribute("activation", "Relu"))
+    with pytest.raises(DefinitionMismatch, match="activation"):
+        with_reference_definitions(model)
