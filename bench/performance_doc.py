@@ -208,18 +208,19 @@ def targets(speed: dict | None, latency: dict | None) -> list[str]:
                 f"{share:.1%} ({ext['rss_mb']:.0f} MB for {ext['weight_mb']:.0f} MB)."
             )
     if latency:
-        for variant, what in (
+        checked = [
             ("fuse-none", "onnxfuse's result with onnxruntime's optimizations off"),
             ("fuse-all", "onnxfuse's result with onnxruntime's optimizations on"),
-        ):
-            ratios = {r["model"]: r["variants"][variant].get("ratio") for r in latency["models"]}
+        ]
+        if latency.get("block_target"):
+            checked.append(
+                ("block-none", "the cpu:block=auto result with onnxruntime's optimizations off")
+            )
+        for variant, what in checked:
+            results = {r["model"]: r["variants"].get(variant, {}) for r in latency["models"]}
+            ratios = {m: v.get("ratio") for m, v in results.items()}
             slow = [f"{m} (x{x:.2f})" for m, x in ratios.items() if x and x > MAX_LATENCY_RATIO]
-            broken = [
-                m
-                for r in latency["models"]
-                for m in [r["model"]]
-                if "median_ms" not in r["variants"][variant] or r["variants"][variant]["differs"]
-            ]
+            broken = [m for m, v in results.items() if "median_ms" not in v or v["differs"]]
             good = [x for x in ratios.values() if x]
             verdict = "met" if not slow and not broken else "**missed**"
             mean = f" (geometric mean x{_geomean(good):.2f})" if good else ""
