@@ -2,7 +2,9 @@
 
 Values are computed with onnx's reference evaluator, one node at a time, at
 the model's own opset. ``Shape`` and ``Size`` of a value whose shape is fully
-known fold too. Outputs above a size limit are left as nodes.
+known fold too. Outputs above a size limit are left as nodes. Inside a
+``spill.spilling`` context, large results become external tensors in a
+temporary file, and external weights a fold read are unmapped after it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import onnx_ir as ir
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
+from onnxfuse import spill
 from onnxfuse.language.guards import constant_tensor
 from onnxfuse.naming import NameSource
 
@@ -91,22 +94,34 @@ class Folder:
         if results is None:
             results = self._constant_node_result(node)
         if results is None:
-            inputs = self._constant_inputs(node)
-            if inputs is None:
-                return False
-            results = self._evaluate(node, inputs)
+            results = self._evaluated_result(node)
             if results is None:
                 return False
         if sum(r.nbytes for r in results) > self.context.limit_bytes:
             return False
+        self._replace_outputs(node, results, in_function)
+        sources = [v.const_value for v in node.inputs if v is not None]
+        graph.remove(node, safe=True)
+        self.folded += 1
+        if spill.active() is not None:
+            # Mapped pages of the weights just read count in memory until unmapped;
+            # results still viewing a mapping keep it (release leaves it open).
+            del results
+            for tensor in sources:
+                spill.release(tensor)
+        return True
+
+    def _replace_outputs(self, node: ir.Node, results: list[np.ndarray], in_function: bool) -> None:
+        assert node.graph is not None
         for output, array in zip(node.outputs, results):
             if in_function:
                 self._replace_with_constant_node(node, output, array)
             else:
-                self._replace_with_initializer(graph, output, array)
-        graph.remove(node, safe=True)
-        self.folded += 1
-        return True
+                self._replace_with_initializer(node.graph, output, array)
+
+    def _evaluated_result(self, node: ir.Node) -> list[np.ndarray] | None:
+        inputs = self._constant_inputs(node)
+        return None if inputs is None else self._evaluate(node, inputs)
 
     def _constant_inputs(self, node: ir.Node) -> list[np.ndarray | None] | None:
         tensors = [
@@ -211,7 +226,10 @@ class Folder:
         self, graph: ir.Graph | ir.Function, old: ir.Value, array: np.ndarray
     ) -> None:
         name = self._take_name(old)
-        tensor = ir.tensor(array, name=name)
+        tensor: ir.TensorProtocol = ir.tensor(array, name=name)
+        area = spill.active()
+        if area is not None:
+            tensor = area.spill(tensor) or tensor
         value = ir.Value(
             name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape, const_value=tensor
         )

@@ -1,0 +1,137 @@
+"""Large folded values of models with external weights live on disk, not in memory.
+
+Folding a model whose weights stay on disk (e.g. packing Q, K and V weights into
+one initializer) would otherwise hold every new array in memory until the save,
+and keep the weights it read mapped. While a ``spilling`` context is active,
+folded arrays above ``SPILL_MIN_BYTES`` are written to files in a private
+temporary directory and stand in the graph as ``ir.ExternalTensor`` (mapped only
+when read; ``ir.save`` copies them file to file). The directory is removed when
+the context ends, whatever happens; the tensors are invalidated then, so a
+model must be saved inside the context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
+
+import onnx_ir as ir
+
+from onnxfuse.naming import subgraphs
+
+# Smaller arrays stay in memory: a file per tensor would cost more than it saves.
+SPILL_MIN_BYTES = 1 << 20
+
+_ACTIVE: ContextVar[SpillArea | None] = ContextVar("onnxfuse_spill_area", default=None)
+
+
+class SpillArea:
+    """A temporary directory (created on first use) of one file per spilled tensor."""
+
+    def __init__(self, min_bytes: int = SPILL_MIN_BYTES) -> None:
+        self.min_bytes = min_bytes
+        self._directory: Path | None = None
+        self._tensors: list[ir.ExternalTensor] = []
+        self._ids: set[int] = set()
+
+    @property
+    def directory(self) -> Path | None:
+        return self._directory
+
+    def spill(self, tensor: ir.TensorProtocol) -> ir.ExternalTensor | None:
+        """``tensor`` written to its own file, as an external tensor; None when it
+        is too small or cannot be stored as raw bytes (strings)."""
+        if tensor.nbytes < self.min_bytes or tensor.dtype == ir.DataType.STRING:
+            return None
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="onnxfuse-spill-"))
+        location = f"{len(self._tensors)}.bin"
+        # tofile is what ir.save writes for an in-memory tensor: the bytes stay identical.
+        with open(self._directory / location, "wb") as file:
+            tensor.tofile(file)
+        spilled = ir.ExternalTensor(
+            location,
+            0,
+            tensor.nbytes,
+            tensor.dtype,
+            shape=tensor.shape,
+            name=tensor.name or "",
+            base_dir=self._directory,
+        )
+        self._tensors.append(spilled)
+        self._ids.add(id(spilled))
+        return spilled
+
+    def holds(self, tensor: ir.TensorProtocol | None) -> bool:
+        return id(tensor) in self._ids
+
+    def close(self) -> None:
+        """Unmap and invalidate the spilled tensors, then remove the directory."""
+        for tensor in self._tensors:
+            release(tensor)
+            tensor.invalidate()
+        self._tensors.clear()
+        self._ids.clear()
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+
+
+def active() -> SpillArea | None:
+    """The spill area of the current ``spilling`` context, if any."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def spilling(model: ir.Model, min_bytes: int = SPILL_MIN_BYTES) -> Iterator[SpillArea | None]:
+    """Spill large folded values while optimizing and saving ``model``: only for a
+    model with external weights (a model in one protobuf is held in memory to be
+    saved anyway, and must not start referring to files)."""
+    if not holds_external_data(model):
+        yield None
+        return
+    area = SpillArea(min_bytes)
+    token = _ACTIVE.set(area)
+    try:
+        yield area
+    finally:
+        _ACTIVE.reset(token)
+        area.close()
+
+
+def is_spilled(tensor: ir.TensorProtocol | None) -> bool:
+    area = _ACTIVE.get()
+    return area is not None and area.holds(tensor)
+
+
+def load_spilled(model: ir.Model) -> None:
+    """Spilled values back in memory, for a model saved as one protobuf (all its
+    external weights folded away): the file must not refer to the spill area."""
+    for graph in (model.graph, *subgraphs(model.graph)):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and is_spilled(tensor):
+                array = tensor.numpy().copy()
+                value.const_value = ir.Tensor(array, dtype=tensor.dtype, name=tensor.name)
+                release(tensor)
+
+
+def holds_external_data(model: ir.Model) -> bool:
+    return any(
+        isinstance(value.const_value, ir.ExternalTensor)
+        for graph in (model.graph, *subgraphs(model.graph))
+        for value in graph.initializers.values()
+    )
+
+
+def release(tensor: ir.TensorProtocol) -> None:
+    """Unmap an external tensor's file (it maps again if read later). Mapped pages
+    count in the process's memory. A mapping that arrays still view stays open."""
+    if not isinstance(tensor, ir.ExternalTensor):
+        return
+    with contextlib.suppress(BufferError):  # numpy views of the mapping are alive elsewhere
+        tensor.release()
