@@ -22,6 +22,7 @@ from onnxfuse.errors import InvariantError, ModelError
 from onnxfuse.extension_ops import checker_view, holds_accepted
 from onnxfuse.infer import extension_output_types
 from onnxfuse.naming import subgraphs
+from onnxfuse.spill import is_spilled, load_spilled
 
 if TYPE_CHECKING:
     from onnxfuse.targets import Target
@@ -161,6 +162,7 @@ def check_model(model: ir.Model, target: Target | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="onnxfuse-check-") as directory:
             save_model(model, Path(directory) / "model.onnx", target)
         return
+    load_spilled(model)
     proto = ir.serde.serialize_model(model)
     failure = _check_proto(_view(proto, target) or proto)
     if failure is not None:
@@ -187,6 +189,7 @@ def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None =
         if external:
             ir.save(model, tmp_name, external_data=f"{path.name}.data")
         else:
+            load_spilled(model)
             ir.save(model, tmp_name)
         # By path: handles external data and models over 2 GB.
         if holds_accepted(model, target):
@@ -208,7 +211,7 @@ def _needs_external_data(model: ir.Model) -> bool:
             tensor = value.const_value
             if tensor is None:
                 continue
-            if isinstance(tensor, ir.ExternalTensor):
+            if isinstance(tensor, ir.ExternalTensor) and not is_spilled(tensor):
                 return True
             total += tensor.nbytes
     return total > _EXTERNAL_DATA_THRESHOLD
