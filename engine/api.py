@@ -17,6 +17,7 @@ from onnxfuse.matcher import Matcher, ModelContext
 from onnxfuse.model_io import check_model, load_model, save_model
 from onnxfuse.naming import all_graphs
 from onnxfuse.optimizer import Options, Report, normalize, optimize
+from onnxfuse.spill import spilling
 from onnxfuse.target_params import BLOCK_SIZE_METADATA, NCHWC_DOMAIN
 from onnxfuse.targets import Target, resolve_target
 
@@ -64,8 +65,17 @@ def optimize_file(
         raise OnnxfuseError(f"{output}: refusing to overwrite the input model")
     target = options.target if options is not None else None
     model = load_model(source, target=target)
-    report = optimize(model, rules, options)
-    record_layout_assumptions(model, target)
+    # Large folded values of a model with external weights wait on disk for the save.
+    with spilling(model):
+        report = optimize(model, rules, options)
+        record_layout_assumptions(model, target)
+        _write_or_check(model, source, output, target)
+    return report
+
+
+def _write_or_check(
+    model: ir.Model, source: Path, output: str | os.PathLike | None, target: Target | None
+) -> None:
     try:
         if output is None:
             check_model(model, target)
@@ -79,7 +89,6 @@ def optimize_file(
                 f"does not compute (folding made it visible): {exc}"
             ) from None
         raise
-    return report
 
 
 def record_layout_assumptions(model: ir.Model, target: Target | None) -> None:
