@@ -309,14 +309,17 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
             ext = speed["external"]
             out += ["## External data", ""]
             if "rss_mb" in ext:
+                if "environment" in ext:  # measured in a run of its own
+                    out += [*_environment("Measured by", ext["environment"]), ""]
                 out += [
                     f"A decoder stack with {ext['weight_mb']:,.0f} MB of weights in external data "
                     f"optimizes in {ext['seconds']:.1f} s with a peak RSS of "
                     f"{ext['rss_mb']:,.0f} MB ({ext['rss_mb'] / ext['weight_mb']:.1%} of the "
                     "weights; peak RSS is the child process's VmHWM). Weights no rule reads stay",
-                    "on disk; those a rewrite computes from are loaded and the new ones held until",
-                    "the save: on this stack, the Attention fusion packs every layer's Q, K and V",
-                    "weights (a quarter of the weights) into one new initializer.",
+                    "on disk. On this stack the Attention fusion packs every layer's Q, K and V",
+                    "weights (a quarter of the weights) into one new initializer: folded values of",
+                    "1 MiB or more wait for the save in a temporary file, the weights a fold read",
+                    "are unmapped after it, and the save copies both file to file.",
                     "",
                 ]
             else:
