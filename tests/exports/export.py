@@ -150,7 +150,8 @@ def _by_signature(module, shapes: list) -> tuple:
     rest = list(shapes)
     for parameter in inspect.signature(module.forward).parameters.values():
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            structure.append(tuple(rest))
+            if rest:  # torch.export leaves an empty *args out of the inputs' structure
+                structure.append(tuple(rest))
             rest = []
         elif rest:
             structure.append(rest.pop(0))
