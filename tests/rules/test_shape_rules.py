@@ -148,10 +148,13 @@ def test_constant_graph_outputs_fold_and_keep_their_names(name, output, value, a
 def test_shape_of_transpose_becomes_a_gather(all_rules, tmp_path):
     name = "shape_opt_transpose.onnx"
     applied, result = optimize_peer(name, all_rules, tmp_path)
-    assert applied["shape-transpose"] == 1
+    # Shape(Transpose) of the default perm and of the written [1, 0] (the same on 2-D);
+    # the Transpose that is also a graph output stays, as an identity perm once the pair
+    # before it merged: one Transpose where onnxruntime keeps two.
+    assert applied["shape-transpose"] == 2
     ours, theirs = histogram(result), ort_histogram(name)
     assert sum(ours.values()) <= sum(theirs.values())
-    assert ours["Gather"] == 1 and ours["Transpose"] == theirs["Transpose"] == 2
+    assert ours["Gather"] == 1 and ours["Transpose"] == 1 and theirs["Transpose"] == 2
     original = onnx.load(DATA / name)
     assert_same(original, result, random_feeds(original, dims=MANIFEST[name]["dims"]))
 
