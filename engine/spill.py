@@ -1,13 +1,14 @@
-"""Large folded values of models with external weights live on disk, not in memory.
+"""Large folded values live on disk until the save, not in memory.
 
 Folding a model whose weights stay on disk (e.g. packing Q, K and V weights into
 one initializer) would otherwise hold every new array in memory until the save,
 and keep the weights it read mapped. While a ``spilling`` context is active,
-folded arrays above ``SPILL_MIN_BYTES`` are written to files in a private
-temporary directory and stand in the graph as ``ir.ExternalTensor`` (mapped only
-when read; ``ir.save`` copies them file to file). The directory is removed when
-the context ends, whatever happens; the tensors are invalidated then, so a
-model must be saved inside the context.
+folded arrays of ``SPILL_MIN_BYTES`` or more (``LARGE_RESULT_BYTES`` in a model
+without external weights) are written to files in a private temporary directory
+and stand in the graph as ``ir.ExternalTensor`` (mapped only when read;
+``ir.save`` copies them file to file). The directory is removed when the context
+ends, whatever happens; the tensors are invalidated then, so a model must be
+saved inside the context.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from onnxfuse.naming import subgraphs
 
 # Smaller arrays stay in memory: a file per tensor would cost more than it saves.
 SPILL_MIN_BYTES = 1 << 20
+# A model without external weights is in memory, and saved as one protobuf unless it
+# grows too large: only very large folded values are worth a trip to disk there.
+LARGE_RESULT_BYTES = 64 << 20
 
 _ACTIVE: ContextVar[SpillArea | None] = ContextVar("onnxfuse_spill_area", default=None)
 
@@ -87,14 +91,10 @@ def active() -> SpillArea | None:
 
 
 @contextlib.contextmanager
-def spilling(model: ir.Model, min_bytes: int = SPILL_MIN_BYTES) -> Iterator[SpillArea | None]:
-    """Spill large folded values while optimizing and saving ``model``: only for a
-    model with external weights (a model in one protobuf is held in memory to be
-    saved anyway, and must not start referring to files)."""
-    if not holds_external_data(model):
-        yield None
-        return
-    area = SpillArea(min_bytes)
+def spilling(model: ir.Model) -> Iterator[SpillArea]:
+    """Spill large folded values while optimizing and saving ``model``."""
+    external = holds_external_data(model)
+    area = SpillArea(SPILL_MIN_BYTES if external else LARGE_RESULT_BYTES)
     token = _ACTIVE.set(area)
     try:
         yield area
@@ -109,8 +109,8 @@ def is_spilled(tensor: ir.TensorProtocol | None) -> bool:
 
 
 def load_spilled(model: ir.Model) -> None:
-    """Spilled values back in memory, for a model saved as one protobuf (all its
-    external weights folded away): the file must not refer to the spill area."""
+    """Spilled values back in memory, for a model saved as one protobuf (no external
+    weights, or all folded away): the file must not refer to the spill area."""
     for graph in (model.graph, *subgraphs(model.graph)):
         for value in graph.initializers.values():
             tensor = value.const_value

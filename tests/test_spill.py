@@ -172,12 +172,24 @@ def test_fold_releases_the_mapping_of_its_sources(source, temp_root):
         assert all(isinstance(w, ir.ExternalTensor) and w.raw is None for w in weights)
 
 
-def test_models_without_external_weights_do_not_spill(tmp_path, temp_root, spilled):
+def test_models_without_external_weights_spill_only_very_large_values(tmp_path, temp_root, spilled):
     path = tmp_path / "model.onnx"
     onnx.save(_model(), path)
     with spill.spilling(load_model(path)) as area:
-        assert area is None
+        assert area.min_bytes == spill.LARGE_RESULT_BYTES
     out = _optimize(path, tmp_path / "out")
     assert spilled == [] and list(temp_root.iterdir()) == []
     assert [p.name for p in out.parent.iterdir()] == ["model.onnx"]
     assert_same_outputs(onnx.load(path), onnx.load(out))
+
+
+def test_spilled_values_of_a_model_in_one_protobuf_are_saved_inline(
+    tmp_path, temp_root, spilled, monkeypatch
+):
+    path = tmp_path / "model.onnx"
+    onnx.save(_model(), path)
+    reference = _optimize(path, tmp_path / "in_memory")
+    monkeypatch.setattr(spill, "LARGE_RESULT_BYTES", 1 << 20)
+    out = _optimize(path, tmp_path / "spilled")
+    assert len(spilled) == 2 and list(temp_root.iterdir()) == []
+    assert _digest(out.parent) == _digest(reference.parent)  # one file, same bytes
