@@ -65,7 +65,7 @@ def optimize_file(
         raise OnnxfuseError(f"{output}: refusing to overwrite the input model")
     target = options.target if options is not None else None
     model = load_model(source, target=target)
-    # Large folded values of a model with external weights wait on disk for the save.
+    # Large folded values wait on disk for the save (from 1 MiB with external weights).
     with spilling(model):
         report = optimize(model, rules, options)
         record_layout_assumptions(model, target)
