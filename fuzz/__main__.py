@@ -102,17 +102,20 @@ class _Progress:
 
 def _graphs(args, parser, command: str) -> int:
     from fuzz import graph_runner
-    from onnxfuse.targets import builtin_target_names
+    from onnxfuse.errors import OnnxfuseError
+    from onnxfuse.targets import builtin_target_names, load_target
 
-    known_targets = builtin_target_names()
     # By default cpu and onnx (onnxruntime's own kernels, standard ops only), as
     # before there were other targets; `--target all` takes every built-in one.
+    # A target may carry parameters (`cpu:block=8`, `cuda:layout=nhwc`).
     targets = args.target or DEFAULT_TARGETS
     if "all" in targets:
-        targets = known_targets
+        targets = [t for t in targets if t != "all"] + builtin_target_names()
     for name in targets:
-        if name not in known_targets:
-            parser.error(f"unknown target '{name}' (known: {', '.join(known_targets)})")
+        try:
+            load_target(name)
+        except OnnxfuseError as exc:
+            parser.error(str(exc))
     corpus_dir = None if args.no_save else args.corpus
     chunk_size = args.chunk_size or graph_runner.CHUNK_SIZE
     chunks = [
