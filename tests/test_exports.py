@@ -30,18 +30,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from exports.anchors import best_anchor, compare, count_nodes, session
-from exports.export import EXPORTERS, export_name, get_export
-from exports.models import MODELS
+from exports.export import ALL_EXPORTS, get_export
 
 from onnxfuse.api import select_rules
 
 pytestmark = pytest.mark.slow
 
-ALL = {
-    export_name(spec, exporter, opset): (spec, exporter, opset)
-    for spec in MODELS
-    for exporter, opset in EXPORTERS
-}
+ALL = ALL_EXPORTS
 
 # One or two exports per family and exporter: within the suite's time budget on 2 cores.
 CI_EXPORTS = (

@@ -24,8 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from exports.anchors import RTOL, count_nodes, run, session, worst_error
-from exports.export import EXPORTERS, export_name, get_export
-from exports.models import MODELS
+from exports.export import ALL_EXPORTS, get_export
 
 from onnxfuse.api import optimize_file, select_rules
 from onnxfuse.optimizer import Options
@@ -33,11 +32,7 @@ from onnxfuse.targets import load_target
 
 pytestmark = pytest.mark.slow
 
-ALL = {
-    export_name(spec, exporter, opset): (spec, exporter, opset)
-    for spec in MODELS
-    for exporter, opset in EXPORTERS
-}
+ALL = ALL_EXPORTS
 
 # The exports with Transposes worth counting, within the suite's time budget on 2 cores.
 CI_EXPORTS = tuple(

@@ -23,7 +23,7 @@ pytest.importorskip("torch")
 
 from exports.anchors import session
 from exports.export import get_export
-from exports.models import MODELS_BY_NAME
+from exports.models import CNN_NAMES, MODELS_BY_NAME
 
 from onnxfuse import api
 from onnxfuse.cpu_features import detect_block_size
@@ -38,14 +38,7 @@ pytestmark = [
     ),
 ]
 
-CNNS = [
-    "resnet-small",
-    "mobilenet-relu6",
-    "mobilenet-hardswish",
-    "mobilenetv3-small",
-    "efficientnet-small",
-    "convnext-small",
-]
+CNNS = CNN_NAMES
 EXPORTS = [
     (name, exporter, opset) for name in CNNS for exporter, opset in (("legacy", 17), ("dynamo", 18))
 ]

@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 
 from exports.anchors import session
 from exports.export import get_export
-from exports.models import MODELS_BY_NAME
+from exports.models import CNN_NAMES, MODELS_BY_NAME
 
 from onnxfuse import api
 from onnxfuse.optimizer import Options
@@ -33,14 +33,7 @@ from onnxfuse.targets import load_target
 
 pytestmark = pytest.mark.slow
 
-CNNS = [
-    "resnet-small",
-    "mobilenet-relu6",
-    "mobilenet-hardswish",
-    "mobilenetv3-small",
-    "efficientnet-small",
-    "convnext-small",
-]
+CNNS = CNN_NAMES
 EXPORTS = [
     (name, exporter, opset) for name in CNNS for exporter, opset in (("legacy", 17), ("dynamo", 18))
 ]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .models import ModelSpec, build
+from .models import MODELS, ModelSpec, build
 
 EXPORT_VERSION = 1
 # (exporter, opset): the legacy TorchScript exporter at 14 and 17, dynamo at 18 and 20.
@@ -48,15 +48,23 @@ class Export:
     expected: list[np.ndarray]  # torch's outputs for `feeds`
 
 
+def export_name(spec: ModelSpec, exporter: str, opset: int) -> str:
+    return f"{spec.name}-{exporter}{opset}"
+
+
+# Every export of the test set, by name: (spec, exporter, opset).
+ALL_EXPORTS: dict[str, tuple[ModelSpec, str, int]] = {
+    export_name(spec, exporter, opset): (spec, exporter, opset)
+    for spec in MODELS
+    for exporter, opset in EXPORTERS
+}
+
+
 def cache_dir() -> Path:
     root = os.environ.get("ONNXFUSE_EXPORT_CACHE")
     path = Path(root) if root else Path.home() / ".cache" / "onnxfuse-exports"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def export_name(spec: ModelSpec, exporter: str, opset: int) -> str:
-    return f"{spec.name}-{exporter}{opset}"
 
 
 def _key(spec: ModelSpec, exporter: str, opset: int) -> str:

@@ -604,6 +604,7 @@ MODELS += [
     _cnn("convnext-small", arch="convnext", width=16),
 ]
 MODELS_BY_NAME = {spec.name: spec for spec in MODELS}
+CNN_NAMES = [spec.name for spec in MODELS if spec.family == "cnn"]
 
 # Bench sizes (bench/latency.py, bench/speed.py), never in the test set: big enough that
 # latency is milliseconds and optimization time is not all fixed cost. CNNs: one 224x224
