@@ -33,10 +33,7 @@ thread with optimizations off; its figures are per-node overhead, these are comp
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -50,6 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
+from environment import environment as environment_record  # noqa: E402
 from exports.anchors import count_nodes, worst_error  # noqa: E402
 
 ALL, NONE = ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -196,37 +194,13 @@ def line(row: dict) -> str:
 
 
 def environment(args) -> dict:
-    def git(*command: str) -> str:
-        done = subprocess.run(["git", *command], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout.strip()
-
-    cpu = ""
-    for text in Path("/proc/cpuinfo").read_text().splitlines():
-        if text.startswith("model name"):
-            cpu = text.split(":", 1)[1].strip()
-            break
-    import torch
-    import transformers
-
-    return {
-        "command": "python bench/latency.py " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        # others' uncommitted engine or rule changes were in the measured tree
-        "dirty": bool(git("status", "--porcelain", "--", "engine", "rules", "targets")),
-        "machine": f"{platform.machine()}, {cpu}",
-        "cores": os.cpu_count(),
-        "versions": {
-            "onnxruntime": ort.__version__,
-            "onnx": onnx.__version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
-        "runs": args.runs,
-        "warmup": args.warmup,
-        "threads": args.threads,
-    }
+    return environment_record(
+        "latency.py",
+        ["onnxruntime", "onnx", "torch", "transformers"],
+        runs=args.runs,
+        warmup=args.warmup,
+        threads=args.threads,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,7 @@ import onnx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from environment import environment as environment_record  # noqa: E402
 from synthetic import decoder_stack, save  # noqa: E402
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -283,40 +284,7 @@ def external(folder: Path, gigabytes: float) -> dict:
 
 def environment(args) -> dict:
     """What the doc needs to say where the figures come from."""
-    import datetime
-    import os
-    import platform
-
-    import onnxruntime
-    import onnxscript
-
-    def git(*command: str) -> str:
-        done = subprocess.run(["git", *command], cwd=HERE.parent, capture_output=True, text=True)
-        return done.stdout.strip()
-
-    cpu = next(
-        (
-            text.split(":", 1)[1].strip()
-            for text in Path("/proc/cpuinfo").read_text().splitlines()
-            if text.startswith("model name")
-        ),
-        "",
-    )
-    return {
-        "command": "python bench/speed.py " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--", "engine", "rules", "targets")),
-        "machine": f"{platform.machine()}, {cpu}",
-        "cores": os.cpu_count(),
-        "versions": {
-            "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__,
-            "onnxscript": onnxscript.__version__,
-            "python": platform.python_version(),
-        },
-        "repeat": args.repeat,
-    }
+    return environment_record("speed.py", ["onnx", "onnxruntime", "onnxscript"], repeat=args.repeat)
 
 
 def main() -> None:
