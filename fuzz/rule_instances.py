@@ -99,7 +99,38 @@ def draw_instance(b: Builder, rule, domain):
         model = build_model(spec)
     except (Reject, DomainError, ExprError):
         return None
+    if not _runs_in_onnxruntime(model) or any(
+        t.kind == "input" and t.dtype not in _FEEDABLE for t in spec.tensors.values()
+    ):
+        return None  # a dtype or opset onnxruntime lacks: the whole graph would be discarded
     return spec, model
+
+
+# Element types the runner can feed as NumPy arrays (not bfloat16 and the like).
+_FEEDABLE = {
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+}
+
+
+def _runs_in_onnxruntime(model: onnx.ModelProto) -> bool:
+    import onnxruntime
+
+    try:
+        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # onnxruntime raises several types for models it cannot run
+        return False
+    return True
 
 
 def _output_vals(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
