@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from fuzz.graphs import MAX_ELEMENTS, Builder, Val, s_unary
+from onnxfuse.proof.domain import DTYPES
 from onnxfuse.proof.draw import Reject
 from onnxfuse.proof.expr import ExprError
 from onnxfuse.proof.instance import (
@@ -106,21 +107,8 @@ def draw_instance(b: Builder, rule, domain):
     return spec, model
 
 
-# Element types the runner can feed as NumPy arrays (not bfloat16 and the like).
-_FEEDABLE = {
-    "float16",
-    "float32",
-    "float64",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "bool",
-}
+# Element types the runner can feed as NumPy arrays (NumPy has no bfloat16).
+_FEEDABLE = frozenset(DTYPES) - {"bfloat16"}
 
 
 def _runs_in_onnxruntime(model: onnx.ModelProto) -> bool:
