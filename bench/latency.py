@@ -37,7 +37,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +47,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from environment import environment as environment_record  # noqa: E402
-from exports.anchors import count_nodes, worst_error  # noqa: E402
+from exports.anchors import count_nodes, round_robin, worst_error  # noqa: E402
 
 ALL, NONE = ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 BLOCK_TARGET = "cpu:block=auto"
@@ -118,23 +117,6 @@ def session(path: Path, level, threads: int) -> ort.InferenceSession:
 def _feeds_for(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict:
     wanted = {i.name for i in sess.get_inputs()}
     return {k: v for k, v in feeds.items() if k in wanted}
-
-
-def round_robin(
-    sessions: dict[str, ort.InferenceSession], feeds: dict, runs: int, warmup: int
-) -> dict[str, list[float]]:
-    """Per-run milliseconds of each session: warm-up first, then the runs in turn."""
-    inputs = {name: _feeds_for(sess, feeds) for name, sess in sessions.items()}
-    for _ in range(warmup):
-        for name, sess in sessions.items():
-            sess.run(None, inputs[name])
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(runs):
-        for name, sess in sessions.items():
-            start = time.perf_counter()
-            sess.run(None, inputs[name])
-            times[name].append((time.perf_counter() - start) * 1000)
-    return times
 
 
 def measure_model(label: str, source: Path, feeds: dict, args, block: bool, work: Path) -> dict:

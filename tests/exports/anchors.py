@@ -244,23 +244,30 @@ def best_anchor(results: dict[str, Result]) -> Result | None:
     return min(valid, key=lambda r: r.nodes) if valid else None
 
 
-def latency_ms(paths: dict[str, Path], feeds, runs: int) -> dict[str, float]:
-    """Median per-run latency of each model under onnxruntime with optimizations off.
-
-    Sessions are created once; runs alternate between the models so that drift in the
-    machine's load hits every model alike.
-    """
-    sessions = {}
-    inputs = {}
-    for tool, path in paths.items():
-        sessions[tool] = session(path)
-        wanted = {i.name for i in sessions[tool].get_inputs()}
-        inputs[tool] = {k: v for k, v in feeds.items() if k in wanted}
-        sessions[tool].run(None, inputs[tool])  # warm-up
-    times: dict[str, list[float]] = {tool: [] for tool in paths}
+def round_robin(
+    sessions: dict[str, ort.InferenceSession], feeds: dict, runs: int, warmup: int
+) -> dict[str, list[float]]:
+    """Per-run milliseconds of each session: warm-up first, then the runs in turn, so that
+    drift in the machine's load hits every session alike. Each gets the feeds it takes."""
+    inputs = {
+        name: {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}}
+        for name, sess in sessions.items()
+    }
+    for _ in range(warmup):
+        for name, sess in sessions.items():
+            sess.run(None, inputs[name])
+    times: dict[str, list[float]] = {name: [] for name in sessions}
     for _ in range(runs):
-        for tool, sess in sessions.items():
+        for name, sess in sessions.items():
             start = time.perf_counter()
-            sess.run(None, inputs[tool])
-            times[tool].append((time.perf_counter() - start) * 1000)
+            sess.run(None, inputs[name])
+            times[name].append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def latency_ms(paths: dict[str, Path], feeds, runs: int) -> dict[str, float]:
+    """Median per-run latency of each model under onnxruntime with optimizations off,
+    sessions created once, runs alternating between the models."""
+    sessions = {tool: session(path) for tool, path in paths.items()}
+    times = round_robin(sessions, feeds, runs, warmup=1)
     return {tool: statistics.median(t) for tool, t in times.items()}
