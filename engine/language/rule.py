@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 import onnx.parser
 
-from onnxfuse.language import schemas
+from onnxfuse.language import opsets, schemas
 from onnxfuse.language.guards import Guard, GuardSyntaxError, parse_guard
 from onnxfuse.language.pattern import (
     COMMUTATIVE_OPS,
@@ -61,6 +61,10 @@ class Rule:
     phase: str = PHASES[0]  # set from the pack manifest's `phase`
     # Later phases it runs in again: a pack of that phase `reuses` it (see packs.py).
     also_phases: frozenset[str] = frozenset()
+    # A rule expanded from an op set (`ops:`): the name written in the file, and the
+    # op each op-type variable stands for here ('Relu', 'com.microsoft::Gelu').
+    family: str = ""
+    op_bindings: dict[str, str] = field(default_factory=dict)
 
     def runs_in(self, phase: str) -> bool:
         return phase == self.phase or phase in self.also_phases
@@ -74,9 +78,18 @@ class Rule:
 
 
 def parse_pattern_text(
-    text: str, *, role: str, commutative: frozenset[tuple[str, str]], first_line: int
+    text: str,
+    *,
+    role: str,
+    commutative: frozenset[tuple[str, str]],
+    first_line: int,
+    op_types: dict[str, tuple[str, str]] | None = None,
 ) -> Pattern:
-    """Parse a pattern written in the ONNX text syntax (header optional)."""
+    """Parse a pattern written in the ONNX text syntax (header optional).
+
+    ``op_types`` binds op-type variables (a rule's ``ops:``) to the ops they stand
+    for in this expansion; a source must use every one of them as an op type.
+    """
     if not isinstance(text, str) or not text.strip():
         raise RuleDefinitionError(f"{role} must be a pattern in the ONNX text syntax", first_line)
     has_header = text.lstrip().startswith("<")
@@ -93,6 +106,13 @@ def parse_pattern_text(
     except (RuntimeError, ValueError, IndexError) as exc:  # e.g. a literal out of range
         raise RuleDefinitionError(f"{role}: invalid pattern: {exc}", first_line) from None
     node_lines = _node_lines(full, function, offset)
+    if op_types:
+        used = opsets.substitute(function, op_types)
+        unused = [name for name in op_types if name not in used]
+        if role == "source" and unused:
+            raise RuleDefinitionError(
+                f"source: op-type variable '{unused[0]}' is not used as an op type", first_line
+            )
     try:
         return compile_function(function, role=role, commutative=commutative, node_lines=node_lines)
     except PatternError as exc:
@@ -136,16 +156,20 @@ def build_rule(
 ) -> Rule:
     """Check a rule's parts against each other and the op schemas."""
     lines = lines or {}
-    if not isinstance(name, str) or not _NAME.match(name):
+    written = metadata.get("family") or name
+    if not isinstance(written, str) or not _NAME.match(written):
         raise RuleDefinitionError(
-            f"rule name {name!r} must start with a letter and use letters, digits, _ . -",
+            f"rule name {written!r} must start with a letter and use letters, digits, _ . -",
             lines.get("name"),
         )
     rule = Rule(name=name, sources=sources, target=target, **metadata)
     _check_signatures(rule, lines)
     opset = rule.opset.get("", (None, None))
+    copied = frozenset(rule.copy_attributes)
     for source in rule.sources:
-        _check_ops(source, "source", lines.get("source"), opset, strict_attributes=True)
+        _check_ops(
+            source, "source", lines.get("source"), opset, strict_attributes=True, copied=copied
+        )
     _check_ops(rule.target, "target", lines.get("target"), opset, strict_attributes=False)
     return rule
 
@@ -248,8 +272,13 @@ def _check_ops(
     opset: tuple[int | None, int | None],
     *,
     strict_attributes: bool,
+    copied: frozenset[str] = frozenset(),
 ) -> None:
-    """Ops must exist; attributes must exist in a schema version the rule can meet."""
+    """Ops must exist; attributes must exist in a schema version the rule can meet.
+
+    A ``copy_attributes`` source node takes whatever attributes it has, so it need
+    not name the required ones (an op set's Cast keeps its `to`).
+    """
     for node in pattern.nodes:
         known = schemas.known_op(node.domain, node.op_type)
         where = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
@@ -269,7 +298,7 @@ def _check_ops(
                     f"{role}: {where} has no attribute '{attr_name}' in the rule's opset range",
                     line,
                 )
-        if strict_attributes:
+        if strict_attributes and not any(o is not None and o.name in copied for o in node.outputs):
             for attr_name, attr_schema in versions[-1].attributes.items():
                 if attr_schema.required and attr_name not in node.attributes:
                     raise RuleDefinitionError(

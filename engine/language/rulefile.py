@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxfuse.errors import RuleError
+from onnxfuse.language.opsets import Member, OpSetError, narrow_opset, parse_members
 from onnxfuse.language.pattern import Pattern
 from onnxfuse.language.rule import (
     ALTERNATIVE,
@@ -37,6 +38,8 @@ RULE_KEYS = {
     "imports": "opset version to import for domains the target adds",
     "tolerance": "relative tolerance for matching constants",
     "verify": "the verification domain for the rule's property tests",
+    "ops": "op-type variables: a name used as an op type, one rule per op of its list",
+    "per_op": "keys that differ for one member of an op set: opset, where, verify",
 }
 FILE_KEYS = {"rules", "description"}
 
@@ -73,38 +76,69 @@ def parse_rule_text(text: str, path: str = "<rules>", pack: str = "") -> list[Ru
     seen: dict[str, int] = {}
     for entry, line in zip(entries, entries.item_lines):
         try:
-            rule = _parse_rule(entry, line, pack, path)
+            parsed = _parse_rule(entry, line, pack, path)
         except RuleDefinitionError as exc:
             raise RuleError(str(exc), path, exc.line or line) from None
-        if rule.name in seen:
-            raise RuleError(
-                f"rule '{rule.name}' is defined twice (first at line {seen[rule.name]})",
-                path,
-                line,
-            )
-        seen[rule.name] = line
-        rules.append(rule)
+        for rule in parsed:
+            family = rule.family or rule.name
+            if rule.name in seen or family in seen:
+                first = seen.get(rule.name, seen.get(family))
+                raise RuleError(
+                    f"rule '{family}' is defined twice (first at line {first})", path, line
+                )
+        for rule in parsed:
+            seen[rule.name] = line
+        if parsed[0].family:
+            seen[parsed[0].family] = line
+        rules.extend(parsed)
     return rules
 
 
-def _parse_rule(entry: Any, line: int, pack: str, path: str) -> Rule:
+def _parse_rule(entry: Any, line: int, pack: str, path: str) -> list[Rule]:
+    """One rule, or one per member of the rule's op set (`ops:`)."""
     if not isinstance(entry, LineMap):
         raise RuleDefinitionError("each rule must be a mapping", line)
     check_keys(entry)
+    try:
+        members = parse_members(entry)
+    except OpSetError as exc:
+        raise RuleDefinitionError(str(exc), exc.line) from None
+    if members is None:
+        return [_parse_one(entry, line, pack, path, None)]
+    return [_parse_one(entry, line, pack, path, member) for member in members]
+
+
+def _parse_one(entry: LineMap, line: int, pack: str, path: str, member: Member | None) -> Rule:
     commutative = commutative_set(_string_list(entry, "commutative"), entry.line_of("commutative"))
-    sources = [
-        parse_pattern_text(text, role="source", commutative=commutative, first_line=text_line)
-        for text, text_line in _source_texts(entry)
-    ]
-    if "target" not in entry:
-        raise RuleDefinitionError("rule has no 'target'", line)
-    target = parse_pattern_text(
-        entry["target"],
-        role="target",
-        commutative=commutative,
-        first_line=entry.line_of("target"),
-    )
-    return rule_from_entry(entry, sources, target, pack=pack, origin=f"{path}:{line}")
+    op_types = member.ops if member else None
+    try:
+        sources = [
+            parse_pattern_text(
+                text,
+                role="source",
+                commutative=commutative,
+                first_line=text_line,
+                op_types=op_types,
+            )
+            for text, text_line in _source_texts(entry)
+        ]
+        if "target" not in entry:
+            raise RuleDefinitionError("rule has no 'target'", line)
+        target = parse_pattern_text(
+            entry["target"],
+            role="target",
+            commutative=commutative,
+            first_line=entry.line_of("target"),
+            op_types=op_types,
+        )
+        return rule_from_entry(
+            entry, sources, target, pack=pack, origin=f"{path}:{line}", member=member
+        )
+    except RuleDefinitionError as exc:
+        if member is None:
+            raise
+        # Which member broke it: the schema checks run per op.
+        raise RuleDefinitionError(f"op set member {member.suffix}: {exc}", exc.line) from None
 
 
 def check_keys(entry: LineMap) -> None:
@@ -117,9 +151,16 @@ def check_keys(entry: LineMap) -> None:
 
 
 def rule_from_entry(
-    entry: LineMap, sources: list[Pattern], target: Pattern, *, pack: str, origin: str
+    entry: LineMap,
+    sources: list[Pattern],
+    target: Pattern,
+    *,
+    pack: str,
+    origin: str,
+    member: Member | None = None,
 ) -> Rule:
-    """Build a rule from its compiled patterns and the other keys of its mapping."""
+    """Build a rule from its compiled patterns and the other keys of its mapping;
+    for a member of an op set, with that member's `per_op` keys."""
     lines = {key: entry.line_of(key) for key in RULE_KEYS}
     lines["source"] = entry.line_of("sources" if "sources" in entry else "source")
     name = entry.get("name")
@@ -138,6 +179,21 @@ def rule_from_entry(
     if not isinstance(where, list):
         raise RuleDefinitionError("'where' must be an expression or a list of them", lines["where"])
     guards = compile_guards(where, bound | set(lets), lines["where"])
+    if member is None and "ops" in entry:
+        raise RuleDefinitionError("'ops' is only read from rule files", lines["ops"])
+    overrides = member.overrides if member else {}
+    guards += compile_guards(overrides.get("where", []), bound | set(lets), lines["per_op"])
+    opset_entry = LineMap({"opset": overrides["opset"]}) if "opset" in overrides else entry
+    opset = _parse_opset(opset_entry, lines["per_op" if "opset" in overrides else "opset"])
+    verify = {**_mapping(entry, "verify"), **overrides.get("verify", {})}
+    family_keys: dict[str, Any] = {}
+    if member is not None:
+        opset = narrow_opset(opset, member)
+        family_keys = {
+            "family": name,
+            "op_bindings": dict(zip(member.ops, member.labels)),
+        }
+        name = f"{name}{member.suffix}"
 
     return build_rule(
         name=name,
@@ -150,14 +206,15 @@ def rule_from_entry(
         guards=guards,
         lets=lets,
         optional=frozenset(_string_list(entry, "optional")),
-        opset=_parse_opset(entry, lines["opset"]),
+        opset=opset,
         imports=_parse_imports(entry, lines["imports"]),
         tolerance=_tolerance(entry, lines["tolerance"]),
-        verify=_mapping(entry, "verify"),
+        verify=verify,
         copy_attributes=_string_map(entry, "copy_attributes"),
         keep=frozenset(_string_list(entry, "keep")),
         pack=pack,
         origin=origin,
+        **family_keys,
     )
 
 

@@ -19,76 +19,25 @@ from helpers import assert_close, optimize_proto, random_feeds, run
 from onnxfuse.language.packs import builtin_rules_dir
 from onnxfuse.language.rulefile import load_rule_file
 
+UNARY = [
+    "Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Log", "Sqrt", "Erf", "Reciprocal", "Floor",
+    "Ceil", "Round", "Sign", "Softplus", "Softsign", "Sin", "Cos", "Not", "IsNaN", "LeakyRelu",
+    "Elu", "Selu", "Celu", "ThresholdedRelu", "HardSigmoid", "Gelu", "IsInf", "Cast",
+]  # fmt: skip
+COMMUTATIVE = ["Add", "Mul", "Max", "Min", "Equal", "And", "Or", "Xor"]
+ORDERED = ["Sub", "Div", "Pow", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"]
+REDUCE = ["ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum"]
+# The op-set families expand to one rule per member, `family[Op]`.
 TRANSPOSE_RULES = {
     "transpose-transpose-shared",
-    *(
-        f"transpose-{op}"
-        for op in [
-            "relu",
-            "sigmoid",
-            "tanh",
-            "abs",
-            "neg",
-            "exp",
-            "log",
-            "sqrt",
-            "erf",
-            "reciprocal",
-            "floor",
-            "ceil",
-            "round",
-            "sign",
-            "softplus",
-            "softsign",
-            "sin",
-            "cos",
-            "not",
-            "isnan",
-            "leakyrelu",
-            "elu",
-            "selu",
-            "celu",
-            "thresholdedrelu",
-            "hardsigmoid",
-            "gelu",
-            "isinf",
-            "cast",
-            "clip",
-        ]
-    ),
-    *(f"transpose-{op}-const" for op in ["add", "mul", "max", "min", "equal", "and", "or", "xor"]),
-    *(
-        f"transpose-{op}-const-{side}"
-        for op in ["sub", "div", "pow", "greater", "less", "greaterorequal", "lessorequal"]
-        for side in "ab"
-    ),
-    *(
-        f"transpose-{op}-transpose"
-        for op in [
-            "add",
-            "sub",
-            "mul",
-            "div",
-            "pow",
-            "max",
-            "min",
-            "equal",
-            "greater",
-            "less",
-            "greaterorequal",
-            "lessorequal",
-            "and",
-            "or",
-            "xor",
-            "concat",
-            "concat3",
-        ]
-    ),
-    *(
-        f"transpose-{op}{form}"
-        for op in ["reducemean", "reducemax", "reducemin", "reducesum"]
-        for form in ("", "-axes-input")
-    ),
+    *(f"transpose-unary[{op}]" for op in UNARY),
+    "transpose-clip",
+    *(f"transpose-binary-const-a[{op}]" for op in COMMUTATIVE + ORDERED),
+    *(f"transpose-binary-const-b[{op}]" for op in ORDERED),
+    *(f"transpose-binary-transpose[{op}]" for op in COMMUTATIVE + ORDERED),
+    "transpose-concat-transpose",
+    "transpose-concat3-transpose",
+    *(f"transpose-reduce{form}[{op}]" for op in REDUCE for form in ("", "-axes-input")),
     "transpose-pad",
     "transpose-slice",
     "transpose-where-const-cond",
@@ -133,7 +82,7 @@ def test_unary_sinks_the_transpose(op, attrs):
         [node("Transpose", ["x"], "t", perm=NHWC), node(op, ["t"], "y", **attrs)],
         {"x": ([2, 3, 4, 5], F32)},
     )
-    out = fire(m, f"transpose-{op.lower()}")
+    out = fire(m, f"transpose-unary[{op}]")
     assert ops(out) == [op, "Transpose"]
 
 
@@ -142,7 +91,7 @@ def test_cast_keeps_its_target_type():
         [node("Transpose", ["x"], "t", perm=[1, 0]), node("Cast", ["t"], "y", to=7)],
         {"x": ([3, 4], F32)},
     )
-    out = fire(m, "transpose-cast")
+    out = fire(m, "transpose-unary[Cast]")
     assert out.graph.output[0].type.tensor_type.elem_type == 7
 
 
@@ -156,7 +105,7 @@ def test_unary_with_a_shared_transpose_does_not_fire():
         {"x": ([2, 3, 4, 5], F32)},
         outputs=("y", "z"),
     )
-    no_fire(m, "transpose-relu")
+    no_fire(m, "transpose-unary[Relu]")
     assert transposes(whole_pack(m)) == 1
 
 
@@ -180,17 +129,17 @@ def test_constant_of_any_broadcast_rank_is_remapped(shape):
     c = np.random.default_rng(0).standard_normal(shape).astype(F32)
     # x's batch axis is 1: a [2, ...] constant grows the output, which stays exact.
     m = _const_model("Add", c, x_shape=(1, 3, 4, 5))
-    out = fire(m, "transpose-add-const")
+    out = fire(m, "transpose-binary-const-a[Add]")
     assert ops(out) == ["Add", "Transpose"]  # the transposed constant is folded
 
 
 @pytest.mark.parametrize("op", ["Sub", "Div", "Pow", "Greater"])
 def test_noncommutative_constant_on_either_side(op):
     c = np.random.default_rng(1).uniform(0.5, 2.0, [5, 3]).astype(F32)
-    fire(_const_model(op, c, first=True), f"transpose-{op.lower()}-const-a")
-    fire(_const_model(op, c, first=False), f"transpose-{op.lower()}-const-b")
+    fire(_const_model(op, c, first=True), f"transpose-binary-const-a[{op}]")
+    fire(_const_model(op, c, first=False), f"transpose-binary-const-b[{op}]")
     # The other side's rule does not match the mirrored graph.
-    no_fire(_const_model(op, c, first=True), f"transpose-{op.lower()}-const-b")
+    no_fire(_const_model(op, c, first=True), f"transpose-binary-const-b[{op}]")
 
 
 def test_constant_with_more_axes_than_x_is_refused():
@@ -200,7 +149,7 @@ def test_constant_with_more_axes_than_x_is_refused():
         {"x": ([2, 3, 4, 5], F32)},
         inits={"c": c},
     )
-    no_fire(m, "transpose-add-const")
+    no_fire(m, "transpose-binary-const-a[Add]")
 
 
 def test_runtime_operand_is_refused():
@@ -208,7 +157,7 @@ def test_runtime_operand_is_refused():
         [node("Transpose", ["x"], "t", perm=NHWC), node("Mul", ["t", "w"], "y")],
         {"x": ([2, 3, 4, 5], F32), "w": ([3], F32)},
     )
-    no_fire(m, "transpose-mul-const")
+    no_fire(m, "transpose-binary-const-a[Mul]")
 
 
 # -- two Transposes meeting at a binary op ---------------------------------------------
@@ -228,17 +177,17 @@ def _tt_model(perm_a, perm_b, shared=False, b_shape=(2, 3, 4, 5)):
 
 
 def test_same_perm_transposes_become_one():
-    out = fire(_tt_model(NHWC, NHWC), "transpose-add-transpose")
+    out = fire(_tt_model(NHWC, NHWC), "transpose-binary-transpose[Add]")
     assert ops(out) == ["Add", "Transpose"]
 
 
 def test_different_perms_do_not_merge():
     # Both Transposes give [2, 4, 5, 3], from differently ordered inputs.
-    no_fire(_tt_model(NHWC, [0, 2, 1, 3], b_shape=(2, 5, 4, 3)), "transpose-add-transpose")
+    no_fire(_tt_model(NHWC, [0, 2, 1, 3], b_shape=(2, 5, 4, 3)), "transpose-binary-transpose[Add]")
 
 
 def test_shared_transpose_is_kept_for_its_other_consumer():
-    out = fire(_tt_model(NHWC, NHWC, shared=True), "transpose-add-transpose")
+    out = fire(_tt_model(NHWC, NHWC, shared=True), "transpose-binary-transpose[Add]")
     assert transposes(out) == 2  # never more than before
 
 
@@ -272,7 +221,7 @@ def test_shared_transposes_on_both_sides_do_not_fire():
         {"a": ([2, 3, 4, 5], F32), "b": ([2, 3, 4, 5], F32)},
         outputs=("y", "u", "v"),
     )
-    no_fire(m, "transpose-add-transpose")
+    no_fire(m, "transpose-binary-transpose[Add]")
 
 
 # -- merges -------------------------------------------------------------------------
@@ -358,7 +307,7 @@ def test_reduce_axes_are_remapped(keepdims, axes):
         {"x": ([2, 3, 4, 5], F32)},
         opset=17,
     )
-    fire(m, "transpose-reducemax")
+    fire(m, "transpose-reduce[ReduceMax]")
 
 
 @pytest.mark.parametrize("keepdims", [0, 1])
@@ -372,7 +321,7 @@ def test_reduce_sum_axes_input(keepdims):
         inits={"ax": np.array([1, 3], np.int64)},
         opset=13,
     )
-    fire(m, "transpose-reducesum-axes-input")
+    fire(m, "transpose-reduce-axes-input[ReduceSum]")
 
 
 def test_reduce_with_runtime_axes_is_refused():
@@ -382,7 +331,7 @@ def test_reduce_with_runtime_axes_is_refused():
         opset=18,
         output_shapes={"y": ["a", "b", "c", "d"]},
     )
-    no_fire(m, "transpose-reducemean-axes-input")
+    no_fire(m, "transpose-reduce-axes-input[ReduceMean]")
 
 
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
@@ -430,8 +379,11 @@ def test_slice_with_runtime_axes_is_refused():
 
 def test_pack_is_listed_in_readme():
     readme = (builtin_rules_dir() / "core" / "README.md").read_text(encoding="utf-8")
-    for name in TRANSPOSE_RULES:
-        assert f"`{name}`" in readme, name
+    # An op-set family is one row: its name, and each member's op.
+    for rule in load_rule_file(builtin_rules_dir() / "core" / "transpose.yaml", pack="core"):
+        assert f"`{rule.family or rule.name}`" in readme, rule.name
+        for op in rule.op_bindings.values():
+            assert op in readme, rule.name
 
 
 def test_every_rule_is_in_the_pack():
@@ -487,7 +439,7 @@ def test_cast_before_matmul_is_left_to_the_matmul_fusions():
     """onnxruntime's transpose_cast_matmul model: the Transpose stays before the Cast."""
     path = PEER_MODELS / "transpose_cast_matmul_4d_fusion0.onnx"
     model = onnx.load(path)
-    no_fire(model, "transpose-cast")
+    no_fire(model, "transpose-unary[Cast]")
     assert ops(model)[:2] == ["Transpose", "Cast"]
 
 
@@ -500,7 +452,7 @@ def test_cast_elsewhere_still_sinks():
         ],
         {"x": ([3, 2, 4, 4], F32)},
     )
-    fire(m, "transpose-cast")
+    fire(m, "transpose-unary[Cast]")
 
 
 # -- constants and direction ----------------------------------------------------------
@@ -551,5 +503,5 @@ def test_scalar_scaling_before_matmul_is_left_to_the_scale_folds():
             inits={"s": np.full(scale_shape, 0.5, F32)},
         )
 
-    no_fire(model([]), "transpose-mul-const")
-    fire(model([1, 5]), "transpose-mul-const")
+    no_fire(model([]), "transpose-binary-const-a[Mul]")
+    fire(model([1, 5]), "transpose-binary-const-a[Mul]")
