@@ -64,7 +64,8 @@ def test_the_nhwc_pack_reuses_the_transpose_rules_in_its_phase():
     core = {r.name: r for p in resolved if p.name == "core" for r in p.rules}
     assert core["transpose-transpose"].runs_in("layout")
     assert core["transpose-noop"].runs_in("layout")
-    assert core["transpose-relu"].runs_in("fusion") and core["transpose-relu"].runs_in("layout")
+    relu = core["transpose-unary[Relu]"]
+    assert relu.runs_in("fusion") and relu.runs_in("layout")
     assert not any(r.runs_in("layout") for n, r in core.items() if not n.startswith("transpose-"))
     # The loaded rules are copied, not changed.
     assert not core_before["transpose-transpose"].also_phases

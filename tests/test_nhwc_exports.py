@@ -51,7 +51,7 @@ QUANTIZED_GAPS = {
     ("mobilenet-hardswish", "dynamo"): _HARDSWISH,
     ("efficientnet-small", "dynamo"): (
         "the export averages with ReduceMean (not GlobalAveragePool), between "
-        "DequantizeLinear and QuantizeLinear; core's transpose-reducemean-axes-input "
+        "DequantizeLinear and QuantizeLinear; core's transpose-reduce-axes-input[ReduceMean] "
         "reads rank(X), unknown after a com.microsoft op, so the Transpose stops there"
     ),
 }
