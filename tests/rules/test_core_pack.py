@@ -75,6 +75,9 @@ EXPECTED_RULES = {
     "reshape-gemm-reshape-matmul",
     "reshape-gemm-reshape-matmul-heads",
     "reshape-same-dims",
+    "dropout-zero-ratio",
+    "cast-widen-roundtrip",
+    "cast-widen-cast",
 } | TRANSPOSE_RULES
 
 I64 = np.int64
