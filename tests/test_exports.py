@@ -63,17 +63,9 @@ _EMBED = (
     "attention into Attention; ort-attention-bias cannot prove the shape of the mask the "
     "legacy exporter builds with Expand, so the attention stays unfused"
 )
-_SDPA = (
-    "SDPA's decomposition (K transposed through Reshape/Transpose/Reshape, IsNaN/Where "
-    "after Softmax) is not fused into Attention: the IsNaN/Where turns a fully masked row "
-    "(all -inf) into zeros, where onnxruntime's Attention gives NaN, so the fusion would "
-    "change the outputs for such inputs (onnxscript's SDPA and MHA fusions fuse it anyway)"
-)
 KNOWN_GAPS: dict[str, str] = {
     "bert-mask-legacy14": _EMBED,
     "bert-mask-legacy17": _EMBED,
-    "bert-sdpa-h64-dynamo18": _SDPA,
-    "bert-sdpa-h64-dynamo20": _SDPA,
 }
 
 
