@@ -186,6 +186,10 @@ def _fire(
     reason = why_not(model, rule, target, anchor_name(instance))
     if reason.startswith(_REJECTING) or reason.startswith("matched, but") or reason == _FOLDED_AWAY:
         raise Reject(reason)
+    if "has no producer" in reason and _count_nodes(_baseline(model, target)) < _count_nodes(model):
+        # A shape computation of the pattern folded (a Shape of a static shape): the
+        # instance no longer holds the pattern, as when the anchor itself folds.
+        raise Reject(f"{_FOLDED_AWAY}: {reason}")
     raise _Found(
         Failure(
             rule.name,
