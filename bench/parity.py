@@ -2,6 +2,7 @@
 
     python bench/parity.py [--exports ci|all|none] [--only NAME ...] [--runs N] [--no-peer]
                            [--markdown [FILE]]
+    python bench/parity.py --peer-only [--markdown [FILE]]
 
 Two model sets:
 
@@ -14,9 +15,13 @@ Two model sets:
   one thread.
 - the peer models of tests/data/ort-fusion (onnxruntime's own fusion test models):
   onnxfuse's and onnxscript's node counts beside onnxruntime's (from manifest.json,
-  ORT_ENABLE_EXTENDED), and the fused ops onnxruntime creates that onnxfuse's result lacks.
+  ORT_ENABLE_EXTENDED), the ops onnxruntime creates that onnxfuse's result lacks, and
+  whether onnxfuse meets the parity criterion of tests/peer_parity.py (which
+  tests/test_peer_models.py asserts).
 
 `--markdown` writes the tables to docs/parity.md (or FILE) with the command and date on top.
+`--peer-only` runs only the peer models and, with `--markdown`, replaces only the peer
+summary line and the peer section of an existing file (the exports are not re-run).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from exports.anchors import (  # noqa: E402
     op_histogram,
     quiet,
 )
+from peer_parity import KNOWN_GAPS, parity_failures  # noqa: E402
 
 from onnxfuse.api import optimize_file, select_rules  # noqa: E402
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
@@ -112,12 +118,20 @@ def peer_rows(rules) -> list[dict]:
         if ort_ops is None:
             continue
         path = PEER_DIR / entry["model"]
-        row = {"name": entry["model"], "original": entry["nodes_before"], "ort": ort_ops}
+        row = {
+            "name": entry["model"],
+            "original": entry["nodes_before"],
+            "before": entry["ops_before"],
+            "ort": ort_ops,
+        }
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.onnx"
             try:
                 optimize_file(path, out, rules, Options(target=target))
                 row["ours"] = op_histogram(onnx.load(out).graph)
+                row["failed"] = parity_failures(
+                    entry["model"], entry["ops_before"], ort_ops, row["ours"]
+                )
             except OnnxfuseError as exc:
                 row["ours"] = None
                 message = str(exc).splitlines()[0]
@@ -208,21 +222,32 @@ def peer_table(rows: list[dict]) -> list[str]:
         "onnxfuse",
         "ORT ext",
         "onnxscript",
-        "ORT fused ops onnxfuse lacks",
+        "ops ORT creates that onnxfuse lacks",
+        "parity",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         ours = row["ours"]
         ort_nodes = sum(row["ort"].values())
         if ours is None:
-            ours_cell, lacks = f"refused ({row['refused']})", ""
+            ours_cell, lacks, parity = f"refused ({row['refused']})", "", ""
         else:
             ours_cell = str(sum(ours.values()))
             if sum(ours.values()) > ort_nodes:
                 ours_cell += " ▲"
-            lacks = ", ".join(sorted(k for k in row["ort"] if k not in ours))
+            created = (k for k in row["ort"] if k not in row["before"])
+            lacks = ", ".join(sorted(k for k in created if k not in ours))
+            parity = "; ".join(sorted(row["failed"])) + " (known gap)" if row["failed"] else "✓"
         script = row["onnxscript"] if row["onnxscript"] is not None else "fails"
-        cells = [row["name"], str(row["original"]), ours_cell, str(ort_nodes), str(script), lacks]
+        cells = [
+            row["name"],
+            str(row["original"]),
+            ours_cell,
+            str(ort_nodes),
+            str(script),
+            lacks,
+            parity,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -258,18 +283,71 @@ def summary(export: list[dict], peer: list[dict]) -> list[str]:
                 "its result is valid."
             )
     if peer:
-        ok = sum(
-            1
-            for r in peer
-            if r["ours"] is not None
-            and sum(r["ours"].values()) <= sum(r["ort"].values())
-            and all(k in r["ours"] for k in r["ort"])
-        )
-        lines.append(
-            f"- Peer models: onnxfuse has no more nodes than onnxruntime and every op it has on "
-            f"{ok} of {len(peer)} (▲: more nodes than onnxruntime)."
-        )
+        lines.append(peer_summary(peer))
     return lines
+
+
+def peer_summary(peer: list[dict]) -> str:
+    accepted = [r for r in peer if r["ours"] is not None]
+    ok = sum(1 for r in accepted if not r["failed"])
+    gaps = sum(1 for r in accepted if r["failed"])
+    return (
+        f"- Peer models: onnxfuse meets onnxruntime's ORT_ENABLE_EXTENDED result (no more "
+        f"nodes, the ops onnxruntime creates unless onnxfuse fused further, the models meant "
+        f"not to fuse left with onnxruntime's ops: `tests/peer_parity.py`) on {ok} of the "
+        f"{len(accepted)} it accepts; {gaps} known gaps, each with its reason below; "
+        f"{len(peer) - len(accepted)} refused as invalid ONNX."
+    )
+
+
+def peer_gap_notes(rows: list[dict]) -> list[str]:
+    """Peer models that miss parity, grouped by the reason KNOWN_GAPS gives."""
+    by_reason: dict[str, list[str]] = {}
+    for row in rows:
+        if row["ours"] is not None and row["failed"]:
+            reason = KNOWN_GAPS.get(row["name"], (None, "not a known gap"))[1]
+            by_reason.setdefault(reason, []).append(row["name"])
+    return [f"- {', '.join(names)}: {reason}" for reason, names in by_reason.items()]
+
+
+def peer_section(peer: list[dict]) -> list[str]:
+    out = [
+        "## Peer models (`tests/data/ort-fusion`)",
+        "",
+        "onnxruntime's own fusion test models, node counts only: onnxruntime's are from",
+        "`manifest.json` (onnxruntime 1.32, CPU, ORT_ENABLE_EXTENDED). `ops ORT creates that",
+        "onnxfuse lacks`: op types onnxruntime's result has and the original has not (the",
+        "fused ops) that onnxfuse's result lacks. `parity`: the checks of",
+        "`tests/peer_parity.py` onnxfuse fails (`more nodes`, `lacks fused ops`, `not left as",
+        "onnxruntime leaves it`), or ✓.",
+        "",
+        *peer_table(peer),
+        "",
+    ]
+    gaps = peer_gap_notes(peer)
+    if gaps:
+        out += ["Known gaps (asserted by `tests/test_peer_models.py`):", "", *gaps, ""]
+    return out
+
+
+def replace_peer_part(text: str, peer: list[dict], command: str) -> str:
+    """``text`` (a parity.md) with its peer summary line and peer section regenerated."""
+    lines = text.rstrip("\n").split("\n")
+    heading = "## Peer models (`tests/data/ort-fusion`)"
+    if heading not in lines:
+        raise SystemExit(f"no '{heading}' section to replace")
+    start = lines.index(heading)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    section = peer_section(peer)
+    section[1:1] = ["", f"This section and the peer summary line: `{command}` on {now}."]
+    lines[start:end] = section
+    first = next(i for i, line in enumerate(lines) if line.startswith("- Peer models:"))
+    last = first + 1
+    while last < len(lines) and lines[last].startswith("  "):
+        last += 1  # the old line's continuation, if it was wrapped
+    lines[first:last] = [peer_summary(peer)]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def markdown(command: str, export: list[dict], peer: list[dict], runs: int) -> str:
@@ -323,16 +401,7 @@ def markdown(command: str, export: list[dict], peer: list[dict], runs: int) -> s
         if gaps:
             out += ["Known gaps (asserted by `tests/test_exports.py`):", "", *gaps, ""]
     if peer:
-        out += [
-            "## Peer models (`tests/data/ort-fusion`)",
-            "",
-            "onnxruntime's own fusion test models, node counts only: onnxruntime's are from",
-            "`manifest.json` (onnxruntime 1.32, CPU, ORT_ENABLE_EXTENDED); the last column lists",
-            "the ops onnxruntime's result has and onnxfuse's lacks (mostly the fused op).",
-            "",
-            *peer_table(peer),
-            "",
-        ]
+        out += peer_section(peer)
     return "\n".join(out)
 
 
@@ -343,14 +412,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=50, help="latency runs per model")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--markdown", nargs="?", const=str(ROOT / "docs" / "parity.md"))
+    parser.add_argument(
+        "--peer-only",
+        action="store_true",
+        help="only the peer models; --markdown then replaces only their part of the file",
+    )
     args = parser.parse_args(argv)
     rules = select_rules()
+    command = "python bench/parity.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.peer_only:
+        peer = peer_rows(rules)
+        if args.markdown:
+            path = Path(args.markdown)
+            path.write_text(replace_peer_part(path.read_text(), peer, command.strip()))
+            print(f"updated the peer part of {args.markdown}", file=sys.stderr)
+        else:
+            print("\n".join([peer_summary(peer), "", *peer_section(peer)]))
+        return 0
     export: list[dict] = []
     if args.exports != "none" or args.only:
         print("exports:", file=sys.stderr)
         export = export_rows(args.only, args.exports, args.runs, rules)
     peer = [] if args.no_peer or args.only else peer_rows(rules)
-    command = "python bench/parity.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = markdown(command.strip(), export, peer, args.runs)
     print(text)
     if args.markdown:

@@ -67,8 +67,9 @@ KNOWN_GAPS: dict[str, tuple[frozenset[str], str]] = {
     ),
     "constant_folding_with_scalar_shape_to_initializer.onnx": (
         frozenset({MORE_NODES}),
-        "onnxruntime's NoopElimination removes x + 0.0, which turns -0.0 into +0.0 "
-        "(a later division sees +inf for -inf); onnxfuse keeps the Add",
+        "onnxruntime's NoopElimination removes x + 0.0, but -0.0 + 0.0 is +0.0: without "
+        "the Add a -0.0 stays -0.0 (a later division gives -inf instead of +inf); onnxfuse "
+        "keeps the Add",
     ),
     "transpose_cast_matmul_4d_fusion0.onnx": (frozenset({MORE_NODES}), _FP16_CAST),
     "transpose_cast_matmul_4d_fusion1.onnx": (frozenset({MORE_NODES}), _FP16_CAST),
