@@ -13,8 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import onnx
+import onnx.defs
+import onnx.helper
 import yaml
 
+from onnxfuse.language.yaml_lines import LineList, LineMap
+from onnxfuse.targets import Target, parse_target
+from onnxfuse.targets_gen_functions import function_ops
 from onnxfuse.targets_gen_sources import (
     PROVIDERS,
     SOURCES,
@@ -78,6 +84,47 @@ def _last_opset(domain: str, op_type: str, since: int, until: int) -> int | None
     return min(newer) - 1 if newer else None
 
 
+def runs_on_cpu(schema: onnx.defs.OpSchema, opset: int, types: dict[str, str]) -> bool:
+    """Whether the installed onnxruntime loads and runs a one-node model of the op.
+
+    Its optimizer is off: what runs is the kernel or the inlined body, as a
+    saved model would run at any level.
+    """
+    import numpy as np
+    import onnxruntime
+
+    required = [
+        f for f in schema.inputs if f.option != onnx.defs.OpSchema.FormalParameterOption.Optional
+    ]
+    if any(f.type_str not in types for f in required):
+        return False
+    elems = [int(getattr(onnx.TensorProto, types[f.type_str].upper())) for f in required]
+    names = [f"x{i}" for i in range(len(required))]
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node(schema.name, names, ["y"])],
+        "case",
+        [onnx.helper.make_tensor_value_info(n, e, [2, 3, 4]) for n, e in zip(names, elems)],
+        [onnx.helper.make_tensor_value_info("y", elems[0], None)],
+    )
+    model = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10
+    )
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    feeds = {
+        n: np.ones((2, 3, 4), onnx.helper.tensor_dtype_to_np_dtype(e)) for n, e in zip(names, elems)
+    }
+    try:
+        session = onnxruntime.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        session.run(None, feeds)
+    except Exception:  # onnxruntime's refusal is the answer
+        return False
+    return True
+
+
 def cpu_target() -> dict[str, Any]:
     import onnxruntime
 
@@ -120,9 +167,35 @@ def with_preferred_layout(target: dict[str, Any]) -> dict[str, Any]:
 
 
 def all_targets(sources: Path = SOURCES) -> list[dict[str, Any]]:
-    targets = [cpu_target(), onnx_target()]
+    cpu = cpu_target()
+    cpu_kernels = as_target(cpu)
+    targets = [cpu, onnx_target()]
     targets.extend(provider_target(p, sources) for p in PROVIDERS)
-    return [with_preferred_layout(t) for t in targets]
+    return [with_preferred_layout(with_function_ops(t, cpu_kernels)) for t in targets]
+
+
+def as_target(target: dict[str, Any]) -> Target:
+    """A generated target as the engine loads it (without a YAML round trip: no lines)."""
+    return parse_target(_lined(target), Path(f"{target['name']}.yaml"))
+
+
+def _lined(value: Any) -> Any:
+    if isinstance(value, dict):
+        return LineMap({k: _lined(v) for k, v in value.items()})
+    if isinstance(value, list):
+        items = LineList(_lined(v) for v in value)
+        items.item_lines = [0] * len(items)
+        return items
+    return value
+
+
+def with_function_ops(target: dict[str, Any], cpu_kernels: Target) -> dict[str, Any]:
+    """An onnxruntime target with the ops it runs by inlining their function body."""
+    if not target.get("provider"):
+        return target  # not run by onnxruntime's partitioner (the `onnx` target)
+    confirm = runs_on_cpu if target["name"] == "cpu" else None
+    ops = target["ops"] + function_ops(as_target(target), cpu_kernels, confirm)
+    return {**target, "ops": sorted(ops, key=lambda o: (o["domain"], o["op"], o["since"]))}
 
 
 class _Flow(list):

@@ -39,21 +39,14 @@ EXPORTS = [
 ]
 IDS = [f"{n}-{e}{o}" for n, e, o in EXPORTS]
 # Where we keep more Transposes than onnxruntime, and why.
-_HARDSWISH = (
-    "the quantizer leaves HardSwish in float between DequantizeLinear and QuantizeLinear; "
-    "cpu.yaml has no HardSwish (onnxruntime's CPU runs it as its function body), so no "
-    "rule may create one and the Transposes stay around it"
+_REDUCEMEAN = (
+    "the export averages with ReduceMean (not GlobalAveragePool), between "
+    "DequantizeLinear and QuantizeLinear; core's transpose-reduce-axes-input[ReduceMean] "
+    "reads rank(X), unknown after a com.microsoft op, so the Transpose stops there"
 )
 QUANTIZED_GAPS = {
-    ("mobilenetv3-small", "legacy"): _HARDSWISH,
-    ("mobilenetv3-small", "dynamo"): _HARDSWISH,
-    ("mobilenet-hardswish", "legacy"): _HARDSWISH,
-    ("mobilenet-hardswish", "dynamo"): _HARDSWISH,
-    ("efficientnet-small", "dynamo"): (
-        "the export averages with ReduceMean (not GlobalAveragePool), between "
-        "DequantizeLinear and QuantizeLinear; core's transpose-reduce-axes-input[ReduceMean] "
-        "reads rank(X), unknown after a com.microsoft op, so the Transpose stops there"
-    ),
+    ("mobilenetv3-small", "dynamo"): _REDUCEMEAN,
+    ("efficientnet-small", "dynamo"): _REDUCEMEAN,
 }
 # Ops a Transpose may sit between inside a channels-last region: the channels-last
 # ops and the ops the transpose rules move Transposes through.
