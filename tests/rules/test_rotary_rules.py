@@ -15,14 +15,16 @@ from onnx import numpy_helper
 from onnxfuse.language.packs import load_builtin_rules
 from onnxfuse.targets import load_target
 
-RULE = "ort-rotary-embedding"
-RULES = {rule.name: rule for rule in load_builtin_rules(["ort", "core"])}
+RULE, ONNX_RULE = "ort-rotary-embedding", "onnx-rotary-embedding"
+RULES = {rule.name: rule for rule in load_builtin_rules(["ort", "onnx", "core"])}
 F32, I64 = np.float32, np.int64
 HEADS, HEAD = 2, 8
 HALF = HEAD // 2
 
 
-def rope_graph(angle_batch: int | str = 1, second_half=None, half=HALF) -> onnx.ModelProto:
+def rope_graph(
+    angle_batch: int | str = 1, second_half=None, half=HALF, opset=18
+) -> onnx.ModelProto:
     """q and k rotated by one table, as Llama's dynamo export computes it."""
     inv_freq = (10000.0 ** (-np.arange(HALF) / HALF)).astype(F32)
     inits = {
@@ -64,7 +66,7 @@ def rope_graph(angle_batch: int | str = 1, second_half=None, half=HALF) -> onnx.
         [tensor_input("q_out", ["batch", HEADS, "seq", HEAD]),
          tensor_input("k_out", ["batch", 1, "seq", HEAD])],
         [numpy_helper.from_array(a, n) for n, a in inits.items()],
-        opset=18,
+        opset=opset,
     )  # fmt: skip
     return onnx.shape_inference.infer_shapes(model)
 
@@ -101,6 +103,29 @@ def test_rotate_half_fuses_into_rotary_embedding():
         f = feeds(**shape)
         for got, want in zip(run(result, f), run(model, f), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_opset_23_fuses_into_the_standard_op_for_the_onnx_target():
+    model = rope_graph(opset=23)
+    report, result = optimize_proto(model, [RULES[ONNX_RULE]], target=load_target("onnx"))
+    assert report.rules[ONNX_RULE].applied == 2
+    assert [n.domain for n in result.graph.node if n.op_type == "RotaryEmbedding"] == ["", ""]
+    assert "Neg" not in ops(result)
+    # onnxruntime runs RotaryEmbedding-23 only with caches of x's batch: the target expands.
+    for shape in [dict(batch=3, seq=5), dict(batch=1, seq=2, start=40)]:
+        f = feeds(**shape)
+        for got, want in zip(run(result, f), run(model, f), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    applied = (
+        optimize_proto(
+            rope_graph(opset=23, angle_batch="batch"),
+            [RULES[ONNX_RULE]],
+            target=load_target("onnx"),
+        )[0]
+        .rules[ONNX_RULE]
+        .applied
+    )
+    assert applied == 0
 
 
 def test_angles_per_batch_element_do_not_fuse():
