@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from helpers import assert_close, make_model, random_feeds, run
@@ -127,3 +128,27 @@ def test_broadcast_styles(x_shape, b_shape, inner, tmp_path):
 )
 def test_shapes_that_stay(x_shape, b_shape, axis, tmp_path):
     assert not _fused(_optimize(_model(x_shape, b_shape, axis), tmp_path, "cuda"))
+
+
+def test_reference_definition_normalizes_from_axis_on():
+    # The schema: softmax "to elements for dimensions axis or higher".
+    node = helper.make_node(
+        "BiasSoftmax", ["x", "b"], ["y"], domain="com.microsoft", axis=1, is_inner_broadcast=0
+    )
+    model = make_model(
+        [node],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [3, 4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+        opset=17,
+        extra_opsets={"com.microsoft": 1},
+    )
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    b = rng.standard_normal((3, 4)).astype(np.float32)
+    (y,) = run(with_reference_definitions(model), {"x": x, "b": b})
+    s = (x + b).reshape(2, 12)
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y, (e / e.sum(axis=1, keepdims=True)).reshape(2, 3, 4), rtol=1e-6)
