@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
 from onnxfuse import spill
+from onnxfuse.folding_numpy import numpy_result
 from onnxfuse.language.guards import constant_tensor
 from onnxfuse.naming import NameSource
 
@@ -46,6 +46,10 @@ _NEVER_FOLD = frozenset(
         "OptionalHasElement",
     }
 )
+
+
+class _AboveLimit(Exception):
+    """A result known to be above the fold limit before computing it."""
 
 
 @dataclass
@@ -90,7 +94,10 @@ class Folder:
         if results is None:
             results = self._castlike_result(node)
         if results is None:
-            results = self._constant_of_shape_result(node)
+            try:
+                results = self._constant_of_shape_result(node)
+            except _AboveLimit:
+                return False  # the evaluator would build the whole array, then drop it
         if results is None:
             results = self._constant_node_result(node)
         if results is None:
@@ -180,7 +187,10 @@ class Folder:
         if fill.size != 1 or any(d < 0 for d in dims):
             return None
         if int(np.prod(dims)) * fill.dtype.itemsize > self.context.limit_bytes:
-            return None
+            raise _AboveLimit
+        if fill.dtype.kind in "biufc" and not any(fill.tobytes()):
+            # All-zero bytes (0, never -0.0): calloc'd pages, written only when saved.
+            return [np.zeros(dims, dtype=fill.dtype)]
         return [np.full(dims, fill[0], dtype=fill.dtype)]
 
     def _constant_node_result(self, node: ir.Node) -> list[np.ndarray] | None:
@@ -195,6 +205,20 @@ class Folder:
         return None if tensor is None else [tensor.numpy()]
 
     def _evaluate(self, node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
+        arrays = numpy_result(node, inputs, self.context.opsets.get("", 21))
+        if arrays is None:
+            arrays = self._reference_result(node, inputs)
+        if arrays is None:
+            return None
+        for output, array in zip(node.outputs, arrays):
+            if output.dtype is not None and _dtype_of(array) not in (None, output.dtype):
+                return None
+        return arrays
+
+    def _reference_result(
+        self, node: ir.Node, inputs: list[np.ndarray | None]
+    ) -> list[np.ndarray] | None:
+        ReferenceEvaluator = reference_evaluator()
         names = [f"i{k}" if a is not None else "" for k, a in enumerate(inputs)]
         outputs = [f"o{k}" for k in range(len(node.outputs))]
         proto = ir.serde.serialize_node(node)
@@ -216,11 +240,7 @@ class Folder:
             results = evaluator.run(None, feeds, attributes={})
         except Exception:  # the reference evaluator cannot run this node: keep it
             return None
-        arrays = [np.asarray(r) for r in results]
-        for output, array in zip(node.outputs, arrays):
-            if output.dtype is not None and _dtype_of(array) not in (None, output.dtype):
-                return None
-        return arrays
+        return [np.asarray(r) for r in results]
 
     def _replace_with_initializer(
         self, graph: ir.Graph | ir.Function, old: ir.Value, array: np.ndarray
@@ -258,6 +278,16 @@ class Folder:
         assert node.graph is not None
         node.graph.insert_before(node, constant)
         old.replace_all_uses_with(value, replace_graph_outputs=True)
+
+
+def reference_evaluator() -> type:
+    """onnx's ReferenceEvaluator, imported on first use (0.3 s). Its import builds an op
+    table from onnx's registered schemas and fails once one op name is registered in
+    two domains: the checker's private extension domain (``extension_ops``) makes that
+    so, and must be registered after this import."""
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator
 
 
 def _dtype_of(array: np.ndarray) -> ir.DataType | None:

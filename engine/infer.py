@@ -8,8 +8,8 @@ that the values downstream of them get types and shapes too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import onnx
 import onnx.shape_inference
@@ -173,24 +173,29 @@ def _infer_once(model: ir.Model) -> None:
                 value.shape = shape
 
 
+def _weights_as_placeholders(model: ir.Model) -> AbstractContextManager[None]:
+    return weights_as_placeholders(
+        model, _PLACEHOLDER, lambda tensor: tensor.size > _INFERENCE_DATA_LIMIT
+    )
+
+
 @contextmanager
-def _weights_as_placeholders(model: ir.Model) -> Iterator[None]:
-    """Large initializers stand in as external tensors of the same type and shape while
-    the model is serialized for inference; the originals are back afterwards."""
+def weights_as_placeholders(
+    model: ir.Model, location: str, large: Callable[[ir.TensorProtocol], bool]
+) -> Iterator[None]:
+    """In-memory initializers for which ``large`` holds stand in as external tensors
+    (at ``location``) of the same type and shape while the model is serialized; the
+    originals are back afterwards."""
     saved: list[tuple[ir.Value, ir.TensorProtocol]] = []
     try:
         for graph in (model.graph, *subgraphs(model.graph)):
             for value in graph.initializers.values():
                 tensor = value.const_value
-                if (
-                    tensor is None
-                    or isinstance(tensor, ir.ExternalTensor)
-                    or tensor.size <= _INFERENCE_DATA_LIMIT
-                ):
+                if tensor is None or isinstance(tensor, ir.ExternalTensor) or not large(tensor):
                     continue
                 saved.append((value, tensor))
                 value.const_value = ir.ExternalTensor(
-                    _PLACEHOLDER, None, None, tensor.dtype, shape=tensor.shape, name=value.name
+                    location, None, None, tensor.dtype, shape=tensor.shape, name=value.name
                 )
         yield
     finally:

@@ -8,19 +8,22 @@ the model where exactly those nodes sit in a private domain; ``target=None``
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from onnxfuse.errors import InvariantError, ModelError
-from onnxfuse.extension_ops import checker_view, holds_accepted
-from onnxfuse.infer import extension_output_types
+from onnxfuse.extension_ops import _has_accepted, checker_view, holds_accepted
+from onnxfuse.folding import reference_evaluator
+from onnxfuse.infer import extension_output_types, weights_as_placeholders
 from onnxfuse.naming import subgraphs
 from onnxfuse.spill import is_spilled, load_spilled
 
@@ -31,6 +34,13 @@ _CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceErr
 
 # Above this many bytes of initializers a model cannot be one protobuf file.
 _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+# Initializers of this many bytes or more reach the checker as references to an empty
+# placeholder file: the checker would only parse and size-check their bytes (a copy of
+# the model's weights per check). No operator's inference reads tensors this large
+# (shape-like inputs hold one element per dimension).
+_STRIP_MIN_BYTES = 64 * 1024
+CHECK_PLACEHOLDER = "onnxfuse-check-placeholder"
 
 
 def load_model(
@@ -72,6 +82,10 @@ def load_model(
 def _check_loaded(path: Path, proto: onnx.ModelProto, target: Target | None) -> str | None:
     """The checker's first complaint about the model at ``path`` (loaded as ``proto``
     without its external data), or None."""
+    if not _has_external_data(proto):
+        stripped = _stripped(proto)
+        if stripped is not None:
+            return _check_stripped(_view(stripped, target) or stripped, lambda: _check_path(path))
     view = _view(proto, target)
     if view is None:
         return _check_path(path)  # by path: handles models over 2 GB with external data
@@ -84,6 +98,8 @@ def _check_loaded(path: Path, proto: onnx.ModelProto, target: Target | None) -> 
 def _view(proto: onnx.ModelProto, target: Target | None) -> onnx.ModelProto | None:
     """The checker's view of ``proto`` (None: check ``proto`` itself), with the types
     of the extension nodes' outputs declared so that checking reaches past them."""
+    if _has_accepted(proto, target):
+        reference_evaluator()  # before checker_view registers the private domain
     view = checker_view(proto, target)
     if view is not None:
         view.graph.value_info.extend(extension_output_types(proto))
@@ -115,6 +131,121 @@ def _check_beside(path: Path, view: onnx.ModelProto) -> str | None:
         return _check_path(Path(name))
     finally:
         Path(name).unlink(missing_ok=True)
+
+
+def _check_stripped(stripped: onnx.ModelProto, full_check: Callable[[], str | None]) -> str | None:
+    """Check a model whose large weights are placeholders (``_stripped``) from a private
+    directory holding the placeholder file. The checker only sees that an external
+    file exists; it reads no external data. Should the stripped model fail, the
+    verdict is the full model's (``full_check``): stripping never rejects a model."""
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-check-") as directory:
+        (Path(directory) / CHECK_PLACEHOLDER).touch()
+        name = Path(directory) / "model.onnx"
+        onnx.save_model(stripped, str(name))
+        failure = _check_path(name)
+    return None if failure is None else full_check()
+
+
+def _strip_in_check(tensor: ir.TensorProtocol) -> bool:
+    return tensor.dtype != ir.DataType.STRING and tensor.nbytes >= _STRIP_MIN_BYTES
+
+
+def _stripped(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of ``proto`` whose large main-graph initializers are external references
+    to ``CHECK_PLACEHOLDER`` (None: nothing to strip). Only tensors whose sole value is
+    raw data of at least the size their shape and type need are stripped: what the
+    checker would verify of them is verified here."""
+    graph = proto.graph
+    strip = [_stripped_tensor(t) for t in graph.initializer]
+    if not any(s is not None for s in strip):
+        return None
+    view = onnx.ModelProto()
+    _copy_fields(proto, view, skip="graph")
+    _copy_fields(graph, view.graph, skip="initializer")
+    for tensor, stripped in zip(graph.initializer, strip):
+        view.graph.initializer.add().CopyFrom(tensor if stripped is None else stripped)
+    return view
+
+
+def _stripped_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto | None:
+    itemsize = _ITEMSIZE.get(tensor.data_type)
+    if (
+        itemsize is None
+        or not tensor.HasField("raw_data")
+        or tensor.HasField("segment")
+        or tensor.data_location == onnx.TensorProto.EXTERNAL
+        or any(len(getattr(tensor, f)) for f in _TYPED_FIELDS)
+    ):
+        return None
+    stripped = onnx.TensorProto()
+    _copy_fields(tensor, stripped, skip="raw_data")  # reading raw_data would copy it
+    size = _raw_size(tensor.ByteSize() - stripped.ByteSize())
+    needed = itemsize * math.prod(tensor.dims)
+    if needed < _STRIP_MIN_BYTES or size < needed:
+        return None  # small, or the checker's size complaint is due
+    entry = stripped.external_data.add()
+    entry.key, entry.value = "location", CHECK_PLACEHOLDER
+    stripped.data_location = onnx.TensorProto.EXTERNAL
+    return stripped
+
+
+def _raw_size(field_bytes: int) -> int:
+    """The length of a raw_data field from its serialized size: tag (1 byte), length
+    varint, data."""
+    for width in range(1, 11):
+        size = field_bytes - 1 - width
+        if size >= 0 and _varint_width(size) == width:
+            return size
+    return -1
+
+
+def _varint_width(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _copy_fields(source: Message, destination: Message, skip: str) -> None:
+    """Every set field of ``source`` but ``skip`` into ``destination`` (same type)."""
+    for field in source.DESCRIPTOR.fields:
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            values = getattr(source, field.name)
+            if values:
+                getattr(destination, field.name).extend(values)
+        elif source.HasField(field.name):
+            if field.message_type is not None:
+                getattr(destination, field.name).CopyFrom(getattr(source, field.name))
+            else:
+                setattr(destination, field.name, getattr(source, field.name))
+
+
+_TYPED_FIELDS = (
+    "float_data",
+    "int32_data",
+    "string_data",
+    "int64_data",
+    "double_data",
+    "uint64_data",
+)
+_T = onnx.TensorProto
+# Whole-byte element types: the bytes a raw_data field needs follow from the shape.
+_ITEMSIZE = {
+    _T.FLOAT: 4,
+    _T.UINT8: 1,
+    _T.INT8: 1,
+    _T.UINT16: 2,
+    _T.INT16: 2,
+    _T.INT32: 4,
+    _T.INT64: 8,
+    _T.BOOL: 1,
+    _T.FLOAT16: 2,
+    _T.DOUBLE: 8,
+    _T.UINT32: 4,
+    _T.UINT64: 8,
+    _T.COMPLEX64: 8,
+    _T.COMPLEX128: 16,
+    _T.BFLOAT16: 2,
+}
 
 
 def _check_file(path: Path, target: Target | None) -> str | None:
@@ -163,8 +294,21 @@ def check_model(model: ir.Model, target: Target | None = None) -> None:
             save_model(model, Path(directory) / "model.onnx", target)
         return
     load_spilled(model)
-    proto = ir.serde.serialize_model(model)
-    failure = _check_proto(_view(proto, target) or proto)
+    _check_in_memory(model, target)
+
+
+def _check_in_memory(model: ir.Model, target: Target | None) -> None:
+    """The full checker on ``model`` (held in memory) with its large weights as
+    placeholders: their bytes come from arrays of their own shape and type, or from
+    loaded tensors whose size was checked on load, and no check reads them."""
+
+    def full_check() -> str | None:
+        proto = ir.serde.serialize_model(model)
+        return _check_proto(_view(proto, target) or proto)
+
+    with weights_as_placeholders(model, CHECK_PLACEHOLDER, _strip_in_check):
+        stripped = ir.serde.serialize_model(model)
+    failure = _check_stripped(_view(stripped, target) or stripped, full_check)
     if failure is not None:
         raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
 
@@ -183,21 +327,23 @@ def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None =
     if not path.parent.exists():
         raise ModelError(f"{path.parent}: output directory does not exist")
     external = _needs_external_data(model)
+    if not external:
+        load_spilled(model)
+        _check_in_memory(model, target)  # before writing: the weights are serialized once
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         if external:
             ir.save(model, tmp_name, external_data=f"{path.name}.data")
+            # By path: handles external data and models over 2 GB.
+            if holds_accepted(model, target):
+                failure = _check_file(Path(tmp_name), target)
+            else:
+                failure = _check_path(Path(tmp_name))
+            if failure is not None:
+                raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
         else:
-            load_spilled(model)
             ir.save(model, tmp_name)
-        # By path: handles external data and models over 2 GB.
-        if holds_accepted(model, target):
-            failure = _check_file(Path(tmp_name), target)
-        else:
-            failure = _check_path(Path(tmp_name))
-        if failure is not None:
-            raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

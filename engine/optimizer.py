@@ -102,10 +102,12 @@ def optimize(model: ir.Model, rules: list[Rule], options: Options | None = None)
     folder = normalize(model, names, options.fold_limit_bytes)
 
     # Phases run in order, each to its own fixpoint (layout after fusion).
+    matchers = _Matchers(options.target)
     for phase in PHASES:
         phase_rules = [r for r in rules if r.runs_in(phase)]
         if phase_rules and not report.stopped:
-            _Driver(model, order_rules(phase_rules), options, report, names, folder).run()
+            driver = _Driver(model, order_rules(phase_rules), options, report, names, folder)
+            driver.run(matchers)
 
     for graph in all_graphs(model):
         folder.fold_graph(graph)
@@ -116,6 +118,24 @@ def optimize(model: ir.Model, rules: list[Rule], options: Options | None = None)
     report.ops_after = op_histogram(model)
     report.seconds = time.perf_counter() - started
     return report
+
+
+class _Matchers:
+    """One matcher per rule and model context, reused by every fixpoint pass and phase
+    (a matcher keeps only per-pattern caches and the last failure between matches)."""
+
+    def __init__(self, target: Target | None):
+        self.target = target
+        self._made: dict[tuple[int, int, tuple[tuple[str, int], ...]], Matcher] = {}
+        self._rules: list[Rule] = []  # keeps the ids in the keys alive
+
+    def get(self, rule: Rule, context: ModelContext) -> Matcher:
+        key = (id(rule), context.ir_version, tuple(sorted(context.opsets.items())))
+        found = self._made.get(key)
+        if found is None:
+            found = self._made[key] = Matcher(rule, context, self.target)
+            self._rules.append(rule)
+        return found
 
 
 class _Driver:
@@ -150,14 +170,15 @@ class _Driver:
         self.last_progress = time.perf_counter()
         self._owners: dict[int, tuple[ir.Graph, ir.Function]] | None = None
 
-    def run(self) -> None:
+    def run(self, matchers: _Matchers | None = None) -> None:
         if not self.by_anchor:
             return
+        matchers = matchers or _Matchers(self.options.target)
         for iteration in range(1, self.options.max_iterations + 1):
             self.report.iterations = iteration
             changed = False
             for graph, context in self._graphs():
-                changed |= self._fixpoint(graph, context)
+                changed |= self._fixpoint(graph, context, matchers)
                 if self.report.stopped:
                     return
             if not changed:
@@ -178,11 +199,9 @@ class _Driver:
             found.extend((g, context) for g in subgraphs(function.graph))
         return found
 
-    def _fixpoint(self, graph: ir.Graph, context: ModelContext) -> bool:
+    def _fixpoint(self, graph: ir.Graph, context: ModelContext, made: _Matchers) -> bool:
         matchers = {
-            id(rule): Matcher(rule, context, self.options.target)
-            for rules in self.by_anchor.values()
-            for rule in rules
+            id(rule): made.get(rule, context) for rules in self.by_anchor.values() for rule in rules
         }
         queue: deque[ir.Node] = deque(graph)
         queued = {id(n) for n in queue}

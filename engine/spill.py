@@ -115,9 +115,10 @@ def load_spilled(model: ir.Model) -> None:
         for value in graph.initializers.values():
             tensor = value.const_value
             if isinstance(tensor, ir.ExternalTensor) and is_spilled(tensor):
-                array = tensor.numpy().copy()
+                # A view of the file's mapping, not a copy: the save reads it once. The
+                # mapping outlives the file's removal at the end of the context.
+                array = tensor.numpy()
                 value.const_value = ir.Tensor(array, dtype=tensor.dtype, name=tensor.name)
-                release(tensor)
 
 
 def holds_external_data(model: ir.Model) -> bool:
