@@ -65,12 +65,6 @@ KNOWN_GAPS: dict[str, tuple[frozenset[str], str]] = {
         frozenset({NOT_LEFT}),
         _DROPOUT + "; onnxfuse removes the Identity instead (same node count)",
     ),
-    "constant_folding_with_scalar_shape_to_initializer.onnx": (
-        frozenset({MORE_NODES}),
-        "onnxruntime's NoopElimination removes x + 0.0, but -0.0 + 0.0 is +0.0: without "
-        "the Add a -0.0 stays -0.0 (a later division gives -inf instead of +inf); onnxfuse "
-        "keeps the Add",
-    ),
     "transpose_cast_matmul_4d_fusion0.onnx": (frozenset({MORE_NODES}), _FP16_CAST),
     "transpose_cast_matmul_4d_fusion1.onnx": (frozenset({MORE_NODES}), _FP16_CAST),
     "transpose_cast_matmul_4d_fusion2.onnx": (frozenset({MORE_NODES}), _FP16_CAST),
