@@ -78,6 +78,14 @@ EXPECTED_RULES = {
     "dropout-zero-ratio",
     "cast-widen-roundtrip",
     "cast-widen-cast",
+    "squeeze-add-unsqueeze",
+    "squeeze-sub-unsqueeze",
+    "squeeze-mul-unsqueeze",
+    "squeeze-div-unsqueeze",
+    "squeeze-add-unsqueeze-attr",
+    "squeeze-sub-unsqueeze-attr",
+    "squeeze-mul-unsqueeze-attr",
+    "squeeze-div-unsqueeze-attr",
 } | TRANSPOSE_RULES
 
 I64 = np.int64
