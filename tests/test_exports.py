@@ -58,15 +58,7 @@ CI_EXPORTS = (
 SELECTED = sorted(ALL) if os.environ.get("ONNXFUSE_EXPORTS") == "all" else list(CI_EXPORTS)
 
 # Exports where onnxfuse still has more nodes than the best anchor, and why.
-_EMBED = (
-    "ORT transformers fuses the embeddings and mask into EmbedLayerNormalization and the "
-    "attention into Attention; ort-attention-bias cannot prove the shape of the mask the "
-    "legacy exporter builds with Expand, so the attention stays unfused"
-)
-KNOWN_GAPS: dict[str, str] = {
-    "bert-mask-legacy14": _EMBED,
-    "bert-mask-legacy17": _EMBED,
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
