@@ -1,8 +1,8 @@
-"""Why the dynamo exports' SDPA decomposition is not fused into Attention (KNOWN_GAPS in
-tests/test_exports.py): torch's decomposition maps a fully masked row of scores (every
-key -inf) to zeros with IsNaN/Where after the Softmax, and onnxruntime's Attention
-returns NaN for that row. A fusion would change those outputs. If onnxruntime ever
-returns zeros here, this test fails and the fusion can be reconsidered."""
+"""The semantics rules/ort/attention_sdpa.yaml is built on: torch's SDPA decomposition maps
+a fully masked row of scores (every key -inf) to zeros with IsNaN/Where after the Softmax,
+and onnxruntime's Attention returns NaN for that row. So ort-attention-sdpa fuses only a
+finite mask, and ort-attention-sdpa-inf-mask zeroes those rows itself. If onnxruntime ever
+returns zeros here, this test fails and the rules can be simplified."""
 
 from __future__ import annotations
 
