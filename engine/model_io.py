@@ -24,6 +24,7 @@ from onnxfuse.errors import InvariantError, ModelError
 from onnxfuse.extension_ops import _has_accepted, checker_view, holds_accepted
 from onnxfuse.folding import reference_evaluator
 from onnxfuse.infer import extension_output_types, weights_as_placeholders
+from onnxfuse.model_writer import write_model
 from onnxfuse.naming import subgraphs
 from onnxfuse.spill import is_spilled, load_spilled
 
@@ -343,7 +344,7 @@ def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None =
             if failure is not None:
                 raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
         else:
-            ir.save(model, tmp_name)
+            write_model(model, tmp_name)  # ir.save's bytes, the weights written in place
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
