@@ -39,14 +39,14 @@ EXPORTS = [
 ]
 IDS = [f"{n}-{e}{o}" for n, e, o in EXPORTS]
 # Where we keep more Transposes than onnxruntime, and why.
-_REDUCEMEAN = (
-    "the export averages with ReduceMean (not GlobalAveragePool), between "
-    "DequantizeLinear and QuantizeLinear; core's transpose-reduce-axes-input[ReduceMean] "
-    "reads rank(X), unknown after a com.microsoft op, so the Transpose stops there"
-)
 QUANTIZED_GAPS = {
-    ("mobilenetv3-small", "dynamo"): _REDUCEMEAN,
-    ("efficientnet-small", "dynamo"): _REDUCEMEAN,
+    ("mobilenetv3-small", "dynamo"): (
+        "each squeeze-excitation's input is one NCHW Transpose of the float HardSwish output "
+        "shared by the SE's ReduceMean and the QuantizeLinear of the scaling QLinearMul; "
+        "onnxruntime pushes it through both consumers at once (2 Transposes), no rule moves "
+        "a Transpose with two consumers (18). The legacy export averages with "
+        "GlobalAveragePool, which no Transpose passes in float: 18 on both sides"
+    ),
 }
 # Ops a Transpose may sit between inside a channels-last region: the channels-last
 # ops and the ops the transpose rules move Transposes through.
