@@ -1226,3 +1226,22 @@ def test_op_set_checks_each_member_against_its_schema():
     text = OP_SET.replace("    copy_attributes: {Y: Z}\n", "")
     with pytest.raises(RuleError, match=r"member \[Cast\]: .*required attribute 'to'"):
         rules_from_text(text)
+
+
+def test_check_takes_an_op_set_family_name(tmp_path, capsys):
+    from onnxfuse.cli import main
+
+    verify = """    verify:
+      dtypes: [float32]
+      dims: {p: {permutation: 3}}
+      attributes: {perm: p}
+      inputs: {X: [2, 3, 4]}
+"""
+    text = OP_SET.replace("[Relu, LeakyRelu, Cast, com.microsoft::Gelu]", "[Relu, Sigmoid]")
+    path = tmp_path / "ops.yaml"
+    path.write_text(text + verify)
+    argv = ["check", str(path), "--rule", "t-unary", "--examples", "3", "--save-dir", str(tmp_path)]
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "2 rule(s)" in out and "t-unary[Relu]" in out and "t-unary[Sigmoid]" in out

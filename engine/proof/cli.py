@@ -40,7 +40,11 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
         help="execution provider whose capabilities gate the rules (default cpu)",
     )
     check.add_argument(
-        "--rule", action="append", default=[], metavar="NAME", help="check only this rule"
+        "--rule",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="check only this rule or op-set family",
     )
     check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     check.add_argument(
@@ -69,13 +73,14 @@ def run_check(args: argparse.Namespace) -> int:
     rules = load_rules(list(args.rules))
     check_unique(rules)
     if args.rule:
-        names = {r.name for r in rules}
+        # An op-set family's name (transpose-unary) stands for all its members.
+        names = {r.name for r in rules} | {r.family for r in rules if r.family}
         unknown = [n for n in args.rule if n not in names]
         if unknown:
             raise OnnxfuseError(
                 f"--rule: no rule named {', '.join(unknown)} in {' '.join(args.rules)}"
             )
-        rules = [r for r in rules if r.name in set(args.rule)]
+        rules = [r for r in rules if r.name in set(args.rule) or r.family in set(args.rule)]
     target = load_target(args.target)
     if args.replay:
         return _replay(args, rules, target)
