@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -66,11 +69,27 @@ def optimize_file(
     target = options.target if options is not None else None
     model = load_model(source, target=target)
     # Large folded values wait on disk for the save (from 1 MiB with external weights).
-    with spilling(model):
+    with spilling(model), _long_lived_objects_frozen():
         report = optimize(model, rules, options)
         record_layout_assumptions(model, target)
         _write_or_check(model, source, output, target)
     return report
+
+
+@contextmanager
+def _long_lived_objects_frozen() -> Iterator[None]:
+    """Leave the objects alive now (the rules, the loaded model) out of the cyclic garbage
+    collector's passes while optimizing: each full pass over them cost more than the
+    optimization of a small model (sample: 0.3 -> 0.1 s CPU). Objects made meanwhile are
+    collected as usual. A caller's own freeze, or a disabled collector, is left alone."""
+    if gc.get_freeze_count() or not gc.isenabled():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _write_or_check(

@@ -121,13 +121,24 @@ def _transpose(node: ir.Node, inputs: Arrays) -> np.ndarray | None:
     return np.transpose(data, axes=perm)
 
 
+def _concat(node: ir.Node, inputs: Arrays) -> np.ndarray | None:
+    attr = node.attributes.get("axis")
+    if attr is None or set(node.attributes) != {"axis"} or not inputs:
+        return None
+    axis = attr.as_int()
+    arrays = [a for a in inputs if a is not None]
+    if any(a.dtype != arrays[0].dtype or not -a.ndim <= axis < a.ndim for a in arrays):
+        return None  # rank 0 or an axis out of range: the evaluator's errors
+    return np.concatenate(arrays, axis)
+
+
 def _divide(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.divide(x, y)
 
 
 # Op type -> (implementation, first opset it applies to: multidirectional broadcasting
 # from 7, Reshape's shape input from 5, no consumed_inputs from 6, Cast's integer `to`
-# from 6).
+# from 6, Concat's required axis from 4).
 _OPS: dict[str, tuple[Callable[[ir.Node, Arrays], np.ndarray | None], int]] = {
     "Add": (_binary(np.add, _NUMBERS[:-1]), 7),
     "Sub": (_binary(np.subtract, _NUMBERS[:-1]), 7),
@@ -138,4 +149,5 @@ _OPS: dict[str, tuple[Callable[[ir.Node, Arrays], np.ndarray | None], int]] = {
     "Reshape": (_reshape, 5),
     "Cast": (_cast, 6),
     "Transpose": (_transpose, 1),
+    "Concat": (_concat, 4),
 }

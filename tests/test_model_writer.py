@@ -158,6 +158,8 @@ CASES = [
     ("Transpose", "int64", {}),
     ("Reshape", "float32", {}),
     ("Reshape", "float32", {"allowzero": 1}),
+    ("Concat", "float32", {"axis": 1}),
+    ("Concat", "int64", {"axis": -1}),
 ]
 
 
@@ -168,6 +170,8 @@ def test_numpy_folds_give_the_reference_evaluators_bytes(op, dtype, attrs):
     inputs: list[np.ndarray | None] = [x]
     if op in ("Add", "Sub", "Mul", "Div"):
         inputs.append(_random(dtype, (4, 1), rng) + (1 if dtype != "bool" else 0))
+    if op == "Concat":
+        inputs += [_random(dtype, (3, 4, 5), rng), _random(dtype, (3, 4, 5), rng)]
     if op == "Reshape":
         inputs.append(np.array([0, -1, 5] if not attrs else [3, -1, 5], np.int64))
     values = [ir.Value(name=f"i{k}") for k in range(len(inputs))]
