@@ -10,6 +10,7 @@ reference definition.
 from __future__ import annotations
 
 import collections
+import functools
 
 import numpy as np
 import onnx
@@ -28,9 +29,15 @@ def _weights(name: str, shape: list[int]) -> onnx.TensorProto:
     return numpy_helper.from_array(RNG.standard_normal(shape).astype(np.float32), name)
 
 
-def _optimize(model: onnx.ModelProto, spec: str) -> onnx.ModelProto:
+@functools.cache
+def _rules(spec: str):
     target = load_target(spec)
-    return optimize_proto(model, api.select_rules(target=target), target=target)[1]
+    return target, api.select_rules(target=target)
+
+
+def _optimize(model: onnx.ModelProto, spec: str) -> onnx.ModelProto:
+    target, rules = _rules(spec)
+    return optimize_proto(model, rules, target=target)[1]
 
 
 def _ops(model: onnx.ModelProto) -> collections.Counter:
