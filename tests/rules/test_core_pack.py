@@ -117,7 +117,8 @@ def test_readme_lists_every_rule():
 
     readme = (builtin_rules_dir() / "core" / "README.md").read_text(encoding="utf-8")
     for name in EXPECTED_RULES:
-        assert f"`{name}`" in readme, name
+        # An op-set member (transpose-unary[Relu]) is listed by its family's row.
+        assert f"`{name.split('[')[0]}`" in readme, name
 
 
 def test_rule_files_follow_the_json_schema():
