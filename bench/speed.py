@@ -67,14 +67,14 @@ def _run_one(tool: str, source: str, output: str, heads: int, hidden: int, kind:
         from onnxfuse.targets import load_target
 
         rules, options = select_rules(), Options(target=load_target("cpu"))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         optimize_file(source, output, rules, options)
     elif tool == "onnxscript":
         import onnx_ir as ir
         import onnxscript.optimizer
         from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         model = ir.load(source)
         onnxscript.optimizer.optimize(model)
         model, _ = optimize_for_ort(model)
@@ -85,14 +85,15 @@ def _run_one(tool: str, source: str, output: str, heads: int, hidden: int, kind:
         from onnxruntime.transformers.optimizer import optimize_model
 
         logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         result = optimize_model(
             source, model_type=kind, num_heads=heads, hidden_size=hidden, opt_level=1
         )
         result.save_model_to_file(output)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     nodes = len(onnx.load(output, load_external_data=False).graph.node)
-    return {"seconds": seconds, "nodes": nodes, "rss_mb": _peak_rss_mb()}
+    rss_mb = _peak_rss_mb()
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "nodes": nodes, "rss_mb": rss_mb}
 
 
 def _peak_rss_mb() -> float:
@@ -210,6 +211,8 @@ def compare(models: list[Model], repeat: int) -> list[dict]:
                 continue
             row[tool] = {
                 "seconds": statistics.median(r["seconds"] for r in good),
+                # all threads' CPU time: on a shared machine, steadier than wall time
+                "cpu_seconds": statistics.median(r["cpu_seconds"] for r in good),
                 "nodes": good[0]["nodes"],
             }
         rows.append(row)
@@ -226,7 +229,14 @@ def _line(row: dict, tools) -> str:
             parts.append(f"{tool}: {result.get('error', '-')[:40]}")
             continue
         ratio = f" x{result['seconds'] / base:.2f}" if base and tool != "onnxfuse" else ""
-        parts.append(f"{tool} {result['seconds']:.2f}s {result['nodes']}n{ratio}")
+        cpu_base = row["onnxfuse"].get("cpu_seconds")
+        cpu_ratio = (
+            f" x{result['cpu_seconds'] / cpu_base:.2f}" if cpu_base and tool != "onnxfuse" else ""
+        )
+        parts.append(
+            f"{tool} {result['seconds']:.2f}s{ratio} (cpu {result['cpu_seconds']:.2f}s{cpu_ratio})"
+            f" {result['nodes']}n"
+        )
     return " | ".join(parts)
 
 

@@ -200,9 +200,7 @@ class _Driver:
         return found
 
     def _fixpoint(self, graph: ir.Graph, context: ModelContext, made: _Matchers) -> bool:
-        matchers = {
-            id(rule): made.get(rule, context) for rules in self.by_anchor.values() for rule in rules
-        }
+        matchers: dict[int, Matcher] = {}  # on first use: most rules never meet their anchor
         queue: deque[ir.Node] = deque(graph)
         queued = {id(n) for n in queue}
         changed = False
@@ -212,7 +210,9 @@ class _Driver:
             if node.graph is not graph:
                 continue
             for rule in self.by_anchor.get((node.domain, node.op_type), ()):
-                matcher = matchers[id(rule)]
+                matcher = matchers.get(id(rule))
+                if matcher is None:
+                    matcher = matchers[id(rule)] = made.get(rule, context)
                 if not matcher.could_match(node):
                     continue  # match() would fail too
                 stats = self.report.rules[rule.name]
