@@ -23,4 +23,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("dev", max_examples=10, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+# Negative and boundary cases checked per drawn instance of a rule (None: every derived
+# case). A large pattern derives ~150 per instance; `ci` checks a sample covering every
+# kind of case, `thorough` all of them.
+NEGATIVES_PER_INSTANCE = None if PROFILE == "thorough" else 24

@@ -59,6 +59,14 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument(
         "--no-negatives", action="store_true", help="skip the negative cases (faster)"
     )
+    check.add_argument(
+        "--negatives-per-instance",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="check at most N of the negative and boundary cases derived from each instance, "
+        "every kind in turn (default: all)",
+    )
     check.set_defaults(handler=run_check)
 
 
@@ -105,6 +113,7 @@ def _check(args: argparse.Namespace, rules, target) -> int:
             target=target,
             seed=args.seed,
             negative=not args.no_negatives,
+            negatives_per_instance=args.negatives_per_instance,
         )
         if report.ok:
             print(f"  ok    {rule.name:<{width}}  {report.summary()}", flush=True)

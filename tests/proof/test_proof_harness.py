@@ -14,6 +14,7 @@ from onnxfuse.proof.check import (
     check_rule,
     load_counterexample,
     replay,
+    sample_mutations,
     save_counterexample,
 )
 from onnxfuse.proof.domain import (
@@ -28,6 +29,7 @@ from onnxfuse.proof.domain import (
 from onnxfuse.proof.draw import HypothesisDrawer, RandomDrawer, draw
 from onnxfuse.proof.expr import ExprError, parse_expr
 from onnxfuse.proof.instance import build_model, generate, make_feeds, random_array
+from onnxfuse.proof.negatives import Mutation
 from onnxfuse.proof.runtime import compare
 from onnxfuse.targets import load_target
 
@@ -368,3 +370,16 @@ def test_counterexample_roundtrip(tmp_path):
     assert set(feeds) == {"A"}
     problem = replay(model, meta["expect"], feeds, rule, load_target("cpu"))
     assert problem is not None and "differ" in problem
+
+
+def test_sampled_negatives_keep_declared_ones_and_cover_every_kind():
+    kinds = ["extra-consumer"] * 60 + ["constant-literal"] * 40 + ["dtype"] * 5 + ["declared"] * 3
+    mutations = [Mutation(kind, f"{kind} {i}", None, True) for i, kind in enumerate(kinds)]
+    chosen = sample_mutations(mutations, 12, seed=5)
+    assert len(chosen) == 12
+    assert [m.kind for m in chosen].count("declared") == 3
+    assert {m.kind for m in chosen} == set(kinds)
+    assert len({m.description for m in chosen}) == 12
+    assert chosen == sample_mutations(mutations, 12, seed=5)
+    assert chosen != sample_mutations(mutations, 12, seed=6)
+    assert sample_mutations(mutations[:10], 12, seed=5) == mutations[:10]

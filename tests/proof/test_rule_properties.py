@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import NEGATIVES_PER_INSTANCE, REPO_ROOT
 from hypothesis import settings
 
 from onnxfuse.language.packs import builtin_pack_names, load_builtin_rules, load_pack
@@ -96,6 +96,7 @@ def test_rule_spares_negative_cases(rule):
         target=TARGET,
         seed=SEED,
         positive=False,
+        negatives_per_instance=NEGATIVES_PER_INSTANCE,
         shrink_seconds=SHRINK_SECONDS,
     )
     assert report.ok, _explain(report, rule)
