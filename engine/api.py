@@ -48,11 +48,12 @@ def select_rules(
     rules = [rule for pack in resolve_packs(packs, target_name) for rule in pack.rules]
     check_unique(rules)
     if disable:
-        names = {r.name for r in rules}
+        # An op-set family's name (transpose-unary) stands for all its members.
+        names = {r.name for r in rules} | {r.family for r in rules if r.family}
         unknown = [d for d in disable if d not in names]
         if unknown:
             raise OnnxfuseError(f"--disable: no rule named {', '.join(unknown)}")
-        rules = [r for r in rules if r.name not in set(disable)]
+        rules = [r for r in rules if r.name not in set(disable) and r.family not in set(disable)]
     return rules
 
 

@@ -47,7 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     optimize.add_argument("-o", "--output", help="where to write the optimized model")
     _add_rule_options(optimize)
-    optimize.add_argument("--disable", action="append", default=[], metavar="RULE")
+    optimize.add_argument(
+        "--disable",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="leave out this rule or op-set family (repeatable)",
+    )
     optimize.add_argument(
         "--max-iterations",
         type=positive_int,
@@ -68,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="why a rule does or does not match")
     explain.add_argument("model", help="input .onnx model")
-    explain.add_argument("--rule", required=True, help="rule name")
+    explain.add_argument("--rule", required=True, help="rule or op-set family name")
     explain.add_argument("--node", help="only this node (by name)")
     _add_rule_options(explain)
     explain.set_defaults(handler=_run_explain)
@@ -161,20 +167,22 @@ def _run_explain(args: argparse.Namespace) -> int:
 
     target = load_target(args.target)
     rules = api.select_rules(args.rules, builtin=not args.no_builtin, target=target)
-    chosen = [r for r in rules if r.name == args.rule]
+    # An op-set family's name (transpose-unary) explains each of its members.
+    chosen = [r for r in rules if args.rule in (r.name, r.family)]
     if not chosen:
         raise OnnxfuseError(f"no rule named '{args.rule}' (see `onnxfuse rules list`)")
     model = load_model(args.model, target=target)
-    results = api.explain(model, chosen[0], args.node, target)
-    if not results:
-        print(f"{args.rule}: no node in the model can anchor this rule")
-        return 0
-    for item in results:
-        where = f"{item.op_type} '{item.node}'" + (
-            f" in graph '{item.graph}'" if item.graph else ""
-        )
-        verdict = "matches" if item.matched else f"no match: {item.reason}"
-        print(f"{where}: {verdict}")
+    for rule in chosen:
+        prefix = f"{rule.name}: " if len(chosen) > 1 else ""
+        results = api.explain(model, rule, args.node, target)
+        if not results:
+            print(f"{rule.name}: no node in the model can anchor this rule")
+        for item in results:
+            where = f"{item.op_type} '{item.node}'" + (
+                f" in graph '{item.graph}'" if item.graph else ""
+            )
+            verdict = "matches" if item.matched else f"no match: {item.reason}"
+            print(f"{prefix}{where}: {verdict}")
     return 0
 
 

@@ -104,6 +104,38 @@ def test_disable_a_rule(tmp_path, relu_model, capsys):
     assert "my-relu-relu" not in capsys.readouterr().out
 
 
+FAMILY_RULE = """\
+rules:
+  - name: twice
+    ops: {Op: [Relu, Sigmoid]}
+    description: an op-set family
+    source: |
+      f (X) => (Y) {
+        T = Op(X)
+        Y = Op(T)
+      }
+    target: |
+      f (X) => (Y) {
+        Y = Op(X)
+      }
+"""
+
+
+def test_disable_and_explain_take_an_op_set_family(tmp_path, relu_model, capsys):
+    rules = tmp_path / "family.yaml"
+    rules.write_text(FAMILY_RULE)
+    common = ["--no-builtin", "--rules", str(rules)]
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(relu_model), "-o", str(out), *common]) == 0
+    assert "twice[Relu]" in capsys.readouterr().out
+    assert main(["optimize", str(relu_model), "-o", str(out), *common, "--disable", "twice"]) == 0
+    assert "twice[" not in capsys.readouterr().out
+    assert main(["explain", str(relu_model), *common, "--rule", "twice"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "twice[Relu]: Relu 'b': matches" in lines
+    assert any(line.startswith("twice[Sigmoid]: Sigmoid 'c': no match") for line in lines)
+
+
 def test_explain_names_the_failed_constraint(tmp_path, relu_model, capsys):
     rules = tmp_path / "mine.yaml"
     rules.write_text(USER_RULE)
