@@ -86,6 +86,12 @@ EXPECTED_RULES = {
     "squeeze-sub-unsqueeze-attr",
     "squeeze-mul-unsqueeze-attr",
     "squeeze-div-unsqueeze-attr",
+    # transpose_split_resize.yaml
+    "transpose-split2-transpose",
+    "transpose-split3-transpose",
+    "transpose-resize-nearest",
+    "transpose-resize-nearest-sizes",
+    "transpose-resize-linear",
 } | TRANSPOSE_RULES
 
 I64 = np.int64
