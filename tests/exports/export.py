@@ -60,6 +60,11 @@ ALL_EXPORTS: dict[str, tuple[ModelSpec, str, int]] = {
 }
 
 
+def export_by_name(name: str) -> Export:
+    """The test set's export ``name`` (bert-mask-legacy14...), made now if not cached."""
+    return get_export(*ALL_EXPORTS[name])
+
+
 def cache_dir() -> Path:
     root = os.environ.get("ONNXFUSE_EXPORT_CACHE")
     path = Path(root) if root else Path.home() / ".cache" / "onnxfuse-exports"

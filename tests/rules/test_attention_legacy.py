@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from exports.anchors import session, worst_error
-from exports.export import ALL_EXPORTS, get_export
+from exports.export import export_by_name
 
 from onnxfuse.api import optimize_file, select_rules
 from onnxfuse.optimizer import Options
@@ -51,7 +51,7 @@ def fused(rules, tmp_path_factory):
 
     def get(name: str):
         if name not in cache:
-            export = get_export(*ALL_EXPORTS[name])
+            export = export_by_name(name)
             out = tmp_path_factory.mktemp(name) / "fused.onnx"
             cache[name] = (export, out, _optimize(export.path, out, rules))
         return cache[name]
@@ -166,7 +166,7 @@ def _with_buffer(model: onnx.ModelProto, name: str, change) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("buffer", ["positions", "token-types"])
 def test_other_embedding_buffers_stay_unfused(buffer, rules, tmp_path):
-    export = get_export(*ALL_EXPORTS["bert-mask-legacy17"])
+    export = export_by_name("bert-mask-legacy17")
     source = onnx.load(str(export.path))
     positions, token_types = _embedding_buffers(source)
     if buffer == "positions":  # positions 1, 2, ... instead of 0, 1, ...

@@ -173,18 +173,15 @@ def test_a_per_head_mask_fuses_only_when_finite():
     assert_equal_with_nan(run(result, feeds)[0], run(model, feeds)[0])
 
 
-# End to end: transformers' BERT with attn_implementation="sdpa", exported by dynamo. Only the
-# cached exports (tests/test_exports.py makes them); the test skips where they are missing.
-def _cached_export(name: str):
+# End to end: transformers' BERT with attn_implementation="sdpa", exported by dynamo (from the
+# export cache tests/test_exports.py shares, exported here if missing).
+def _export(name: str):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from exports.export import ALL_EXPORTS, cache_dir, export_name
+    from exports.export import export_by_name
 
-    spec, exporter, opset = ALL_EXPORTS[name]
-    found = sorted(cache_dir().glob(f"{export_name(spec, exporter, opset)}-*.onnx"))
-    if not found:
-        pytest.skip(f"{name} is not in the export cache")
-    return spec, onnx.load(found[-1])
+    export = export_by_name(name)
+    return export.spec, onnx.load(export.path)
 
 
 def _with_masked_value(model: onnx.ModelProto, value: float) -> onnx.ModelProto:
@@ -219,7 +216,7 @@ def _bert_feeds(seed: int = 0) -> dict[str, np.ndarray]:
 def test_bert_sdpa_export_fuses_and_keeps_masked_rows(name, masked_value):
     from onnxfuse.api import select_rules
 
-    spec, model = _cached_export(name)
+    spec, model = _export(name)
     if masked_value != "export":
         model = _with_masked_value(model, masked_value)
     report, result = optimize_proto(model, select_rules(), target=load_target("cpu"))

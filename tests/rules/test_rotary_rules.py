@@ -144,21 +144,18 @@ def test_a_slice_off_the_half_does_not_fuse():
     assert applied == 0
 
 
-# End to end on the cached Llama exports (tests/test_exports.py makes them; skipped if absent):
-# a longer and a one-token sequence than the export's, with left padding.
+# End to end on the Llama exports (the export cache tests/test_exports.py shares, exported here
+# if missing): a longer and a one-token sequence than the export's, with left padding.
 @pytest.mark.parametrize("name", ["llama-gqa-dynamo18", "llama-gqa-legacy17"])
 def test_llama_export_rotary_fused(name):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from exports.export import ALL_EXPORTS, cache_dir, export_name
+    from exports.export import export_by_name
 
     from onnxfuse.api import select_rules
 
-    spec, exporter, opset = ALL_EXPORTS[name]
-    found = sorted(cache_dir().glob(f"{export_name(spec, exporter, opset)}-*.onnx"))
-    if not found:
-        pytest.skip(f"{name} is not in the export cache")
-    model = onnx.load(found[-1])
+    export = export_by_name(name)
+    spec, model = export.spec, onnx.load(export.path)
     report, result = optimize_proto(model, select_rules(), target=load_target("cpu"))
     layers = spec.config["layers"]
     # queries and keys of every layer, in the dynamo or the legacy exporter's form
