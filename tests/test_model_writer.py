@@ -182,8 +182,9 @@ def test_numpy_folds_give_the_reference_evaluators_bytes(op, dtype, attrs):
         FoldContext(10, {"": 21}),
         NameSource(ir.Model(ir.Graph([], [], nodes=[node]), ir_version=10)),
     )
-    fast = numpy_result(node, inputs, 21)
-    slow = folder._reference_result(node, inputs)
+    with np.errstate(all="ignore"):  # x / 0 and NaN casts, as the folder runs them
+        fast = numpy_result(node, inputs, 21)
+        slow = folder._reference_result(node, inputs)
     if dtype.startswith(("int", "uint")) and op == "Div":
         assert fast is None  # integer Div truncates: left to the evaluator
         return
