@@ -252,7 +252,7 @@ def test_add_of_zero_is_kept_because_it_changes_negative_zero(all_rules, tmp_pat
     # that Add gives +0.0, so removing it changes the result's sign.
     name = "constant_folding_with_scalar_shape_to_initializer.onnx"
     _, result = optimize_peer(name, all_rules, tmp_path)
-    # The Add stays; squeeze-add-unsqueeze-attr moves it off its Squeeze/Unsqueeze pair.
+    # The Add stays; squeeze-unsqueeze-attr[Add] moves it off its Squeeze/Unsqueeze pair.
     assert histogram(result) == Counter({"Add": 1})
     feeds = {"input": np.array([-0.0], F32)}
     for model in (onnx.load(DATA / name), result):

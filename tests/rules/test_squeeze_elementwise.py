@@ -62,7 +62,7 @@ def _chain(x_shape, axes, unsqueeze_axes, c_shape, op="Add", opset=17, attr=Fals
 @pytest.mark.parametrize("attr", [False, True])
 def test_the_op_moves_onto_the_input(op, x_shape, axes, back, c_shape, attr):
     model = _chain(x_shape, axes, back, c_shape, op, opset=12 if attr else 17, attr=attr)
-    name = f"squeeze-{op.lower()}-unsqueeze" + ("-attr" if attr else "")
+    name = ("squeeze-unsqueeze-attr" if attr else "squeeze-unsqueeze") + f"[{op}]"
     assert ops(fire(model, name, special=True)) == [op]
 
 
@@ -75,7 +75,7 @@ def test_the_op_moves_onto_the_input(op, x_shape, axes, back, c_shape, attr):
     ],
 )
 def test_shapes_that_stay(x_shape, axes, back, c_shape):
-    no_fire(_chain(x_shape, axes, back, c_shape), "squeeze-add-unsqueeze")
+    no_fire(_chain(x_shape, axes, back, c_shape), "squeeze-unsqueeze[Add]")
 
 
 def test_a_squeezed_value_with_other_users_stays():
@@ -91,4 +91,4 @@ def test_a_squeezed_value_with_other_users_stays():
         outputs=["y", "z"],
         inits={"a": np.array([0], I64)},
     )
-    no_fire(model, "squeeze-add-unsqueeze")
+    no_fire(model, "squeeze-unsqueeze[Add]")
