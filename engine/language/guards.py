@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -167,6 +168,53 @@ def _consumer_ops(ref: Any) -> tuple[str, ...]:
     return tuple(sorted(_op_name(use.node) for use in value.uses()))
 
 
+def _transpose_perm(node: ir.Node) -> list[int] | None:
+    """The permutation a Transpose node applies (absent: the reversal), None if unknown."""
+    attr = node.attributes.get("perm")
+    if attr is not None:
+        return list(attr.value)
+    shape = node.inputs[0].shape if node.inputs and node.inputs[0] is not None else None
+    return None if shape is None else list(range(len(shape) - 1, -1, -1))
+
+
+def _meets_transpose(ref: Any, moved: Any, perm: Any) -> bool:
+    """A Transpose of ``perm`` put on ``ref`` would merge with another at once.
+
+    ``ref``'s only use is a Transpose (the two compose into one), or a node with
+    another input computed by a Transpose of the same perm that has no other use
+    (the two-Transposes-meeting rules turn both into one). That other Transpose
+    may be ``moved`` itself, the shared one being sunk, when the match's node and
+    this one are its only two uses (a diamond: Sub(T, ReduceMean(T))). So a rule
+    that keeps ``moved`` for its other uses adds no Transpose overall. Structure
+    only: the meeting op still needs a rule that merges the two.
+    """
+    value = _need(ref, "meets_transpose")
+    shared = _need(moved, "meets_transpose")
+    wanted = list(_bounded(perm))
+    uses = value.uses()
+    if value.is_graph_output() or len(uses) != 1:
+        return False
+    node, index = uses[0].node, uses[0].idx
+    if node.op_type == "Transpose" and node.domain in ("", "ai.onnx"):
+        return True
+    for i, other in enumerate(node.inputs):
+        producer = other.producer() if other is not None and i != index else None
+        if (
+            producer is None
+            or producer.op_type != "Transpose"
+            or producer.domain not in ("", "ai.onnx")
+        ):
+            continue
+        if _transpose_perm(producer) != wanted or other.is_graph_output():
+            continue
+        users = [use.node for use in other.uses()]
+        if users == [node] or (
+            other is shared and len(users) == 2 and value.producer() in users and node in users
+        ):
+            return True
+    return False
+
+
 def _all_equal(ref: Any, target: Any) -> bool:
     """Every element of a constant equals ``target`` (no size limit, no copy to lists)."""
     value = _need(ref, "all_equal")
@@ -274,6 +322,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {
     "is_graph_input": (_is_graph_input, 1, 1),
     "producer_op": (_producer_op, 1, 1),
     "consumer_ops": (_consumer_ops, 1, 1),
+    "meets_transpose": (_meets_transpose, 3, 3),
     "broadcastable": (_broadcastable, 1, 8),
     "elements": (_elements, 1, 1),
     "dims": (_dims, 1, 1),
@@ -312,7 +361,11 @@ class Guard:
     tree: ast.Expression
 
     def evaluate(self, names: Mapping[str, Any]) -> Any:
-        return interpreter.evaluate(self.tree, names, GUARDS)
+        return self._compiled(names)
+
+    @cached_property
+    def _compiled(self) -> interpreter.Compiled:
+        return interpreter.compiled(self.tree, GUARDS)
 
 
 def parse_guard(text: str, known_names: set[str]) -> Guard:

@@ -1,9 +1,9 @@
 """The expression language shared by guards and verification domains.
 
 Python expression syntax, parsed with ``ast`` and checked against a
-whitelist; interpreted node by node, never passed to ``eval``. A *dialect*
-says which functions and constants exist, which exception reports a value the
-expression cannot compute, and how large a sequence may grow: guards
+whitelist; compiled once into Python closures (one per syntax node), never passed
+to ``eval``. A *dialect* says which functions and constants exist, which exception
+reports a value the expression cannot compute, and how large a sequence may grow: guards
 (``onnxfuse.language.guards``) decide matches and must stay cheap; domain
 expressions (``onnxfuse.proof.expr``) build shapes and constants for tests.
 """
@@ -142,7 +142,30 @@ def free_names(tree: ast.AST, dialect: Dialect) -> set[str]:
 
 
 def evaluate(tree: ast.Expression, names: Mapping[str, Any], dialect: Dialect) -> Any:
-    return _Interpreter(names, dialect).visit(tree.body)
+    return compiled(tree, dialect)(names)
+
+
+Compiled = Callable[[Mapping[str, Any]], Any]
+
+# Expressions already compiled, by tree and dialect; the entry keeps the tree alive so
+# that its id is not reused. Bounded: verification domains parse fresh trees in tests.
+_COMPILED: dict[tuple[int, int], tuple[ast.AST, Compiled]] = {}
+_MAX_COMPILED = 4096
+
+
+def compiled(tree: ast.Expression, dialect: Dialect) -> Compiled:
+    """``tree`` as one closure per syntax node, made once: a guard runs at every try of
+    its rule, and walking the tree each time (a method lookup per node) cost more than
+    the evaluation itself."""
+    key = (id(tree), id(dialect))
+    entry = _COMPILED.get(key)
+    if entry is not None and entry[0] is tree:
+        return entry[1]
+    function = _Compiler(dialect).compile(tree.body)
+    if len(_COMPILED) >= _MAX_COMPILED:
+        _COMPILED.clear()
+    _COMPILED[key] = (tree, function)
+    return function
 
 
 def _depth(node: ast.AST) -> int:
@@ -175,65 +198,89 @@ def _check_call(
         )
 
 
-class _Interpreter:
-    def __init__(self, names: Mapping[str, Any], dialect: Dialect):
-        self.names = names
+class _Compiler:
+    """Turns a checked tree into closures over the bindings. Evaluation order, results
+    and errors are those of a walk of the tree: operands left to right, ``and``/``or``
+    short-circuit, Python's errors in whitelisted calls become the dialect's error."""
+
+    def __init__(self, dialect: Dialect):
         self.dialect = dialect
+
+    def compile(self, node: ast.AST) -> Compiled:
+        return getattr(self, f"compile_{type(node).__name__}")(node)
 
     def fail(self, message: str) -> Exception:
         return self.dialect.error(message)
 
-    def visit(self, node: ast.AST) -> Any:
-        return getattr(self, f"visit_{type(node).__name__}")(node)
+    def compile_Constant(self, node: ast.Constant) -> Compiled:
+        value = node.value
+        return lambda names: value
 
-    def visit_Constant(self, node: ast.Constant) -> Any:
-        return node.value
+    def compile_Name(self, node: ast.Name) -> Compiled:
+        key, constants, fail = node.id, self.dialect.constants, self.fail
 
-    def visit_Name(self, node: ast.Name) -> Any:
-        if node.id in self.dialect.constants:
-            return self.dialect.constants[node.id]
-        try:
-            return self.names[node.id]
-        except KeyError:
-            raise self.fail(f"unknown name '{node.id}'") from None
+        def name(names: Mapping[str, Any]) -> Any:
+            if key in constants:
+                return constants[key]
+            try:
+                return names[key]
+            except KeyError:
+                raise fail(f"unknown name '{key}'") from None
 
-    def visit_Tuple(self, node: ast.Tuple) -> Any:
-        return tuple(self.visit(e) for e in node.elts)
+        return name
 
-    def visit_List(self, node: ast.List) -> Any:
-        return [self.visit(e) for e in node.elts]
+    def compile_Tuple(self, node: ast.Tuple) -> Compiled:
+        parts = [self.compile(e) for e in node.elts]
+        return lambda names: tuple(part(names) for part in parts)
 
-    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
+    def compile_List(self, node: ast.List) -> Compiled:
+        parts = [self.compile(e) for e in node.elts]
+        return lambda names: [part(names) for part in parts]
+
+    def compile_BoolOp(self, node: ast.BoolOp) -> Compiled:
         conjunction = isinstance(node.op, ast.And)
-        result: Any = conjunction
-        for operand in node.values:
-            result = self.visit(operand)
-            if bool(result) != conjunction:
-                return result
-        return result
+        operands = [self.compile(v) for v in node.values]
 
-    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
-        return self.apply(_UNARY[type(node.op)], self.visit(node.operand))
+        def boolean(names: Mapping[str, Any]) -> Any:
+            result: Any = conjunction
+            for operand in operands:
+                result = operand(names)
+                if bool(result) != conjunction:
+                    return result
+            return result
 
-    def visit_BinOp(self, node: ast.BinOp) -> Any:
-        left, right = self.visit(node.left), self.visit(node.right)
-        if isinstance(node.op, ast.Pow):
-            if not isinstance(right, (int, float)) or right > 64:
-                raise self.fail("exponent too large")
-            if (
-                isinstance(left, int)
-                and isinstance(right, int)
-                and abs(left) > 1
-                and left.bit_length() * right > MAX_INT_BITS
-            ):
-                raise self.fail("integer result too large")
-        if isinstance(node.op, ast.Mult):
-            self._check_repeat(left, right)
-        result = self.apply(_BINARY[type(node.op)], left, right)
-        # Nested arithmetic could otherwise build integers of billions of digits.
-        if isinstance(result, int) and result.bit_length() > MAX_INT_BITS:
-            raise self.fail("integer result too large")
-        return result
+        return boolean
+
+    def compile_UnaryOp(self, node: ast.UnaryOp) -> Compiled:
+        function, operand, apply = _UNARY[type(node.op)], self.compile(node.operand), self.apply
+        return lambda names: apply(function, operand(names))
+
+    def compile_BinOp(self, node: ast.BinOp) -> Compiled:
+        left_of, right_of = self.compile(node.left), self.compile(node.right)
+        function, apply, fail = _BINARY[type(node.op)], self.apply, self.fail
+        power, product = isinstance(node.op, ast.Pow), isinstance(node.op, ast.Mult)
+
+        def binary(names: Mapping[str, Any]) -> Any:
+            left, right = left_of(names), right_of(names)
+            if power:
+                if not isinstance(right, (int, float)) or right > 64:
+                    raise fail("exponent too large")
+                if (
+                    isinstance(left, int)
+                    and isinstance(right, int)
+                    and abs(left) > 1
+                    and left.bit_length() * right > MAX_INT_BITS
+                ):
+                    raise fail("integer result too large")
+            if product:
+                self._check_repeat(left, right)
+            result = apply(function, left, right)
+            # Nested arithmetic could otherwise build integers of billions of digits.
+            if isinstance(result, int) and result.bit_length() > MAX_INT_BITS:
+                raise fail("integer result too large")
+            return result
+
+        return binary
 
     def _check_repeat(self, left: Any, right: Any) -> None:
         for sequence, count in ((left, right), (right, left)):
@@ -244,62 +291,89 @@ class _Interpreter:
             if isinstance(count, int) and len(sequence) * count > self.dialect.max_sequence:
                 raise self.fail("sequence repetition too long")
 
-    def visit_Compare(self, node: ast.Compare) -> Any:
-        left = self.visit(node.left)
-        for op, comparator in zip(node.ops, node.comparators):
-            right = self.visit(comparator)
-            if not self.apply(_COMPARE[type(op)], left, right):
-                return False
-            left = right
-        return True
+    def compile_Compare(self, node: ast.Compare) -> Compiled:
+        first = self.compile(node.left)
+        steps = [(_COMPARE[type(op)], self.compile(c)) for op, c in zip(node.ops, node.comparators)]
+        apply = self.apply
 
-    def visit_Call(self, node: ast.Call) -> Any:
+        def compare(names: Mapping[str, Any]) -> Any:
+            left = first(names)
+            for function, comparator in steps:
+                right = comparator(names)
+                if not apply(function, left, right):
+                    return False
+                left = right
+            return True
+
+        return compare
+
+    def compile_Call(self, node: ast.Call) -> Compiled:
         assert isinstance(node.func, ast.Name)
         function = self.dialect.functions[node.func.id][0]
-        return self.apply(function, *(self.visit(a) for a in node.args))
+        arguments, apply = [self.compile(a) for a in node.args], self.apply
+        if len(arguments) == 1:
+            (only,) = arguments
+            return lambda names: apply(function, only(names))
+        return lambda names: apply(function, *[a(names) for a in arguments])
 
-    def visit_Subscript(self, node: ast.Subscript) -> Any:
-        return self.apply(operator.getitem, self.visit(node.value), self.visit(node.slice))
+    def compile_Subscript(self, node: ast.Subscript) -> Compiled:
+        value, index, apply = self.compile(node.value), self.compile(node.slice), self.apply
+        return lambda names: apply(operator.getitem, value(names), index(names))
 
-    def visit_Slice(self, node: ast.Slice) -> Any:
-        parts = (node.lower, node.upper, node.step)
-        return slice(*(None if p is None else self.visit(p) for p in parts))
+    def compile_Slice(self, node: ast.Slice) -> Compiled:
+        parts = [
+            None if p is None else self.compile(p) for p in (node.lower, node.upper, node.step)
+        ]
+        return lambda names: slice(*(None if p is None else p(names) for p in parts))
 
-    def visit_IfExp(self, node: ast.IfExp) -> Any:
-        return self.visit(node.body) if self.visit(node.test) else self.visit(node.orelse)
+    def compile_IfExp(self, node: ast.IfExp) -> Compiled:
+        test, body, orelse = (
+            self.compile(node.test),
+            self.compile(node.body),
+            self.compile(node.orelse),
+        )
+        return lambda names: body(names) if test(names) else orelse(names)
 
-    def visit_ListComp(self, node: ast.ListComp) -> Any:
-        return self._comprehend(node.elt, node.generators)
+    def compile_ListComp(self, node: ast.ListComp) -> Compiled:
+        return self._comprehension(node.elt, node.generators)
 
-    def visit_GeneratorExp(self, node: ast.GeneratorExp) -> Any:
-        return tuple(self._comprehend(node.elt, node.generators))
+    def compile_GeneratorExp(self, node: ast.GeneratorExp) -> Compiled:
+        comprehension = self._comprehension(node.elt, node.generators)
+        return lambda names: tuple(comprehension(names))
 
-    def _comprehend(self, element: ast.AST, generators: list[ast.comprehension]) -> list[Any]:
-        results: list[Any] = []
-        outer = self.names
+    def _comprehension(self, element: ast.AST, generators: list[ast.comprehension]) -> Compiled:
+        value = self.compile(element)
+        loops = [
+            (self.compile(g.iter), g.target, [self.compile(c) for c in g.ifs]) for g in generators
+        ]
+        limit, fail, bounded, assign = (
+            self.dialect.max_sequence,
+            self.fail,
+            self.bounded,
+            self._assign,
+        )
 
-        def loop(index: int, scope: Mapping[str, Any]) -> None:
-            if index == len(generators):
-                self.names = scope
-                results.append(self.visit(element))
-                if len(results) > self.dialect.max_sequence:
-                    raise self.fail("comprehension too long")
-                return
-            generator = generators[index]
-            self.names = scope
-            for item in self.bounded(self.visit(generator.iter)):
-                local: dict[str, Any] = {}
-                self._assign(generator.target, item, local)
-                inner = ChainMap(local, scope)
-                self.names = inner
-                if all(self.visit(condition) for condition in generator.ifs):
-                    loop(index + 1, inner)
+        def comprehend(names: Mapping[str, Any]) -> list[Any]:
+            results: list[Any] = []
 
-        try:
-            loop(0, outer)
-        finally:
-            self.names = outer
-        return results
+            def loop(index: int, scope: Mapping[str, Any]) -> None:
+                if index == len(loops):
+                    results.append(value(scope))
+                    if len(results) > limit:
+                        raise fail("comprehension too long")
+                    return
+                iterable, target, conditions = loops[index]
+                for item in bounded(iterable(scope)):
+                    local: dict[str, Any] = {}
+                    assign(target, item, local)
+                    inner = ChainMap(local, scope)
+                    if all(condition(inner) for condition in conditions):
+                        loop(index + 1, inner)
+
+            loop(0, names)
+            return results
+
+        return comprehend
 
     def _assign(self, target: ast.AST, item: Any, scope: dict[str, Any]) -> None:
         if isinstance(target, ast.Name):
