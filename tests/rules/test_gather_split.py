@@ -17,7 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from core_pack_support import node
-from helpers import assert_same_outputs, make_model, optimize_proto, tensor_input
+from helpers import assert_same_outputs, make_model, optimize_proto, run, tensor_input
 from onnx import numpy_helper
 
 from onnxfuse.language.packs import load_builtin_rules
@@ -180,8 +180,6 @@ def test_gather_of_arange_becomes_slice(start, tmp_path):
     # Shape, Gather of the one-element index, Slice: one node fewer than the source.
     assert len(out.graph.node) == 3
     feeds = {"ids": np.zeros((2, 6), I64)}
-    from helpers import run
-
     np.testing.assert_array_equal(run(out, feeds)[0], run(model, feeds)[0])
 
 
