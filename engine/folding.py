@@ -188,6 +188,11 @@ class Folder:
             return None
         if int(np.prod(dims)) * fill.dtype.itemsize > self.context.limit_bytes:
             raise _AboveLimit
+        if fill.dtype.kind in "biufc" and int(np.prod(dims)) * fill.dtype.itemsize >= (
+            spill.FILL_MIN_BYTES
+        ):
+            # A view of one value: it becomes a FillTensor, made only when read or written.
+            return [np.broadcast_to(fill[:1].reshape(()), dims)]
         if fill.dtype.kind in "biufc" and not any(fill.tobytes()):
             # All-zero bytes (0, never -0.0): calloc'd pages, written only when saved.
             return [np.zeros(dims, dtype=fill.dtype)]
@@ -249,7 +254,7 @@ class Folder:
         self, graph: ir.Graph | ir.Function, old: ir.Value, array: np.ndarray
     ) -> None:
         name = self._take_name(old)
-        tensor: ir.TensorProtocol = ir.tensor(array, name=name)
+        tensor: ir.TensorProtocol = spill.fill_tensor(array, name) or ir.tensor(array, name=name)
         area = spill.active()
         if area is not None:
             tensor = area.spill(tensor) or tensor
@@ -272,7 +277,7 @@ class Folder:
 
     def _replace_with_constant_node(self, node: ir.Node, old: ir.Value, array: np.ndarray) -> None:
         name = self._take_name(old)
-        tensor = ir.tensor(array, name=name)
+        tensor = ir.tensor(np.ascontiguousarray(array), name=name)  # no broadcast views
         constant = ir.Node(
             "", "Constant", [], [ir.AttrTensor("value", tensor)], name=self.names.fresh(name)
         )

@@ -20,6 +20,8 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import Message
 
+from onnxfuse.spill import FillTensor
+
 # In-memory initializers of this many bytes or more are written from their own buffers.
 DIRECT_MIN_BYTES = 64 * 1024
 _PLACEHOLDER = "onnxfuse-writer-placeholder"
@@ -104,19 +106,21 @@ def _tensor(tensor: ir.TensorProtocol) -> list[Buffer]:
             return [ir.serde.serialize_tensor(tensor).SerializeToString()]
         return [tensor.raw.SerializeToString()]  # what CopyFrom(raw) serializes to
     if (
-        type(tensor) is not ir.Tensor
+        type(tensor) not in (ir.Tensor, FillTensor)
         or tensor.dtype not in _PLAIN
         or tensor.doc_string
         or tensor.metadata_props
         or sys.byteorder != "little"
     ):
         return [ir.serde.serialize_tensor(tensor).SerializeToString()]
-    array = tensor.numpy()
     head = onnx.TensorProto()
     if tensor.name:
         head.name = tensor.name
     head.data_type = tensor.dtype.value
     head.dims.extend(tensor.shape.numpy())
+    if isinstance(tensor, FillTensor):
+        return [head.SerializeToString(), *_field(_TENSOR_RAW_DATA, tensor.chunks())]
+    array = tensor.numpy()
     if array.flags.c_contiguous:
         data: Buffer = memoryview(array.reshape(-1).view(np.uint8))
     else:

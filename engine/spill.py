@@ -8,7 +8,9 @@ without external weights) are written to files in a private temporary directory
 and stand in the graph as ``ir.ExternalTensor`` (mapped only when read;
 ``ir.save`` copies them file to file). The directory is removed when the context
 ends, whatever happens; the tensors are invalidated then, so a model must be
-saved inside the context.
+saved inside the context. A folded value that is one repeated value (a
+``ConstantOfShape`` fill, the weights of onnx's IR-3 test models) is a ``FillTensor``
+instead: no memory and no file, its bytes made only when read or written.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxfuse.naming import subgraphs
@@ -29,6 +32,11 @@ SPILL_MIN_BYTES = 1 << 20
 # A model without external weights is in memory, and saved as one protobuf unless it
 # grows too large: only very large folded values are worth a trip to disk there.
 LARGE_RESULT_BYTES = 64 << 20
+
+# Fills this large become FillTensors (smaller ones stay plain arrays: no gain).
+FILL_MIN_BYTES = 64 * 1024
+# The writer writes a fill as repeats of one buffer of at most this many bytes.
+FILL_CHUNK_BYTES = 4 << 20
 
 _ACTIVE: ContextVar[SpillArea | None] = ContextVar("onnxfuse_spill_area", default=None)
 
@@ -49,7 +57,11 @@ class SpillArea:
     def spill(self, tensor: ir.TensorProtocol) -> ir.ExternalTensor | None:
         """``tensor`` written to its own file, as an external tensor; None when it
         is too small or cannot be stored as raw bytes (strings)."""
-        if tensor.nbytes < self.min_bytes or tensor.dtype == ir.DataType.STRING:
+        if (
+            tensor.nbytes < self.min_bytes
+            or tensor.dtype == ir.DataType.STRING
+            or isinstance(tensor, FillTensor)  # it holds no memory
+        ):
             return None
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="onnxfuse-spill-"))
@@ -136,3 +148,55 @@ def release(tensor: ir.TensorProtocol) -> None:
         return
     with contextlib.suppress(BufferError):  # numpy views of the mapping are alive elsewhere
         tensor.release()
+
+
+class FillTensor(ir.LazyTensor):
+    """A tensor whose elements all equal one value. Every read (``numpy``, ``tobytes``)
+    makes a fresh array, as ``np.full`` does; nothing is held between reads. onnx's
+    IR-3 models build each weight with a ConstantOfShape fill: folded as plain arrays,
+    alexnet's 244 MB were filled, spilled to disk, read back and written."""
+
+    def __init__(self, value: np.ndarray, dims: tuple[int, ...], name: str | None = None):
+        super().__init__(
+            self._full,
+            ir.DataType.from_numpy(value.dtype),
+            ir.Shape(dims, frozen=True),
+            name=name,
+        )
+        self.value = value.reshape(-1)[:1].copy()  # one element, its own copy
+        self.dims = tuple(dims)
+
+    def __repr__(self) -> str:  # LazyTensor's names its function, a method of self
+        return f"{self._repr_base()}(value={self.value[0]!r}, name={self.name!r})"
+
+    def _full(self) -> ir.Tensor:
+        return ir.Tensor(np.full(self.dims, self.value[0], dtype=self.value.dtype))
+
+    def chunks(self) -> list[bytes | memoryview]:
+        """The tensor's bytes as repeats of one buffer (``tobytes`` without the copy)."""
+        itemsize = self.value.dtype.itemsize
+        total = int(np.prod(self.dims, dtype=np.int64))
+        per_chunk = max(1, FILL_CHUNK_BYTES // itemsize)
+        chunk = ir.Tensor(np.full(min(total, per_chunk), self.value[0], self.value.dtype)).tobytes()
+        whole, rest = divmod(total, per_chunk)
+        parts: list[bytes | memoryview] = [chunk] * whole
+        if rest:
+            parts.append(memoryview(chunk)[: rest * itemsize])
+        return parts
+
+
+def fill_tensor(array: np.ndarray, name: str | None) -> FillTensor | None:
+    """``array`` as a FillTensor when it is a large view of one value (``np.broadcast_to``
+    of a scalar: every stride zero) of a plain numeric type; else None."""
+    if (
+        array.nbytes < FILL_MIN_BYTES
+        or array.dtype.kind not in "biufc"
+        or not array.dtype.isnative
+        or any(array.strides)
+    ):
+        return None
+    try:
+        ir.DataType.from_numpy(array.dtype)
+    except (TypeError, ValueError):
+        return None
+    return FillTensor(array, array.shape, name=name)
