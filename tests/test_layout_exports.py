@@ -61,9 +61,10 @@ _CONVNEXT_LN = (
     "permute back, leaving those two LayerNorms unfused in NCHW (ReduceMean, Sub, Pow, "
     "ReduceMean, Add, Sqrt, Div, Mul, Add: 4 Transposes, 49 nodes); onnxfuse fuses them into "
     "LayerNormalization on the NHWC axis first, which no Transpose passes (6 Transposes, "
-    "31 nodes). A rule moving the shared Transpose through ReduceMean and Sub together is "
-    "expressible (it moves one, adds none) but would give up those two fused LayerNorms for "
-    "16 more nodes: not taken"
+    "31 nodes); with the stem's LayerNorm fused, 2 Transposes around it are the minimum. "
+    "Not faster: on the bench-size export, unfusing the stem's LayerNorm as onnxruntime does "
+    "gives 56.3 ms against 56.0 ms fused, onnxruntime's own result 62.0 ms (docs/layout.md, "
+    "Shared Transposes); shared-Transpose moves run in the layout phase only"
 )
 _GAPS = {
     "convnext-small-legacy14": _CONVNEXT_LN,
