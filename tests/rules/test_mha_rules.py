@@ -194,6 +194,7 @@ def test_mha_with_a_key_padding_mask_is_not_packed():
     assert applied[PACK] == 0 and "MultiHeadAttention" in ops(result)
 
 
+@pytest.mark.slow
 def test_t5_encoder_decoder_export_fuses_every_attention(tmp_path):
     """Encoder and decoder self-attention into Attention, cross-attention into
     MultiHeadAttention."""
