@@ -36,6 +36,19 @@ def main(argv: list[str] | None = None) -> int:
     graphs.add_argument("--jobs", type=int, default=1, help="worker processes")
     graphs.add_argument("--max-steps", type=int, default=8, help="steps per generated model")
     graphs.add_argument("--chunk-size", type=int, default=None, help=argparse.SUPPRESS)
+    graphs.add_argument(
+        "--each-rule",
+        type=int,
+        metavar="K",
+        help="instead of --iterations: embed every rule K times (round-robin over the "
+        "targets where it is enabled) and report per rule whether it fired and passed",
+    )
+    graphs.add_argument(
+        "--rule", action="append", help="with --each-rule: only this rule (repeatable)"
+    )
+    graphs.add_argument(
+        "--table", type=Path, help="with --each-rule: write a per-rule table (TSV) here"
+    )
     _common(graphs)
 
     rules = sub.add_parser("rules", help="mutate rule files: clear errors, no crash, no hang")
@@ -57,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return _replay(args)
     if args.iterations < 0:
         parser.error("--iterations must be >= 0")
+    if args.command == "graphs" and args.each_rule is not None and args.each_rule < 1:
+        parser.error("--each-rule must be >= 1")
     command = "python -m fuzz " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     if args.command == "graphs":
         return _graphs(args, parser, command)
@@ -117,6 +132,8 @@ def _graphs(args, parser, command: str) -> int:
         except OnnxfuseError as exc:
             parser.error(str(exc))
     corpus_dir = None if args.no_save else args.corpus
+    if args.each_rule is not None:
+        return _each_rule(args, parser, targets, corpus_dir, command)
     chunk_size = args.chunk_size or graph_runner.CHUNK_SIZE
     chunks = [
         (k, min(chunk_size, args.iterations - k * chunk_size))
@@ -166,6 +183,51 @@ def _graphs(args, parser, command: str) -> int:
     return _exit_status(total.failures, corpus.xfail_signatures(args.corpus, "graph"), args.strict)
 
 
+def _each_rule(args, parser, targets: list[str], corpus_dir, command: str) -> int:
+    from fuzz import each_rule
+
+    names = each_rule.rule_names()
+    if args.rule:
+        unknown = [n for n in args.rule if n not in names]
+        if unknown:
+            parser.error(
+                f"--rule: no built-in rule with a verify domain named {', '.join(unknown)}"
+            )
+        names = [n for n in names if n in args.rule]
+    _say(
+        f"rule coverage: {len(names)} rules x {args.each_rule}, seed {args.seed}, "
+        f"targets {', '.join(targets)}, {args.jobs} job(s)"
+    )
+    jobs = [
+        (name, i, args.each_rule, tuple(targets), args.seed, corpus_dir, command)
+        for i, name in enumerate(names)
+    ]
+    progress = _Progress("each-rule", len(names) * args.each_rule)
+    results = []
+    if args.jobs <= 1:
+        outcomes = map(each_rule.run_job, jobs)
+    else:
+        pool = multiprocessing.get_context("spawn").Pool(args.jobs)
+        outcomes = pool.imap(each_rule.run_job, jobs)
+    try:
+        for result in outcomes:
+            results.append(result)
+            for path in result.saved:
+                _say(f"  new failure saved: {path}")
+            progress.show(sum(r.passed for r in results), sum(r.failed for r in results), 0)
+    finally:
+        if args.jobs > 1:
+            pool.terminate()
+    progress.show(sum(r.passed for r in results), sum(r.failed for r in results), 0, force=True)
+    each_rule.summary(results, _say)
+    if args.table:
+        each_rule.write_table(results, args.table)
+        _say(f"per-rule table: {args.table}")
+    total = each_rule.to_tally(results, targets)
+    print(f"{total.passed} passed, {total.failed} failed", flush=True)
+    return _exit_status(total.failures, corpus.xfail_signatures(args.corpus, "graph"), args.strict)
+
+
 _reported: set[str] = set()
 
 
@@ -185,16 +247,11 @@ def _graph_summary(total, targets, args) -> None:
     )
     for reason, count in total.discard_reasons.most_common(5):
         _say(f"  {count:5d}  {reason}")
-    from fuzz.oracle import builtin_rules, target
+    from fuzz.each_rule import enabled_anywhere
 
     for name in targets:
         fired = total.fired.get(name, {})
-        gated = [
-            r.name
-            for r in builtin_rules()
-            if target(name).unsupported_ops(r, set(), {"": 17, "com.microsoft": 1})
-        ]
-        never = [r.name for r in builtin_rules() if not fired.get(r.name) and r.name not in gated]
+        never = [r for r in enabled_anywhere([name]) if not fired.get(r)]
         _say(
             f"rules fired for target {name}: {sum(fired.values())} rewrites, "
             f"{len(fired)} distinct rules; never fired: {', '.join(never) or 'none'}"

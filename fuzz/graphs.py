@@ -145,6 +145,10 @@ class Builder:
             self.prefix = ""
             self.unnamed_nodes = False
             self.value_info = False  # declare types of some intermediates
+            self.symbolic_inputs = True  # graph inputs may get symbolic dims
+            # Types of intermediates a spliced rule instance declares (ops of other
+            # domains that onnx cannot infer, as the property tests' instances have them).
+            self.known_types: list[onnx.ValueInfoProto] = []
 
     # -- drawing ---------------------------------------------------------------
 
@@ -192,12 +196,18 @@ class Builder:
         (out,) = self.node(op, names, **attrs)
         return self.add(out, dtype, shape)
 
-    def new_input(self, dtype: np.dtype, shape) -> Val:
-        """A new graph input (always in the main graph; a branch sees it from outside)."""
+    def new_input(self, dtype: np.dtype, shape, symbolic: dict[int, str] | None = None) -> Val:
+        """A new graph input (always in the main graph; a branch sees it from outside).
+
+        ``symbolic``: dim_params for some axes (each named ``<name>_<size>``, equal names
+        for equal sizes); without it, dims are sometimes made symbolic at random."""
         root = self.root
         name = root.fresh("in")
         dims: list[int | str] = list(shape)
-        if dims and root.flag(0.25):
+        if symbolic:
+            for axis, param in symbolic.items():
+                dims[axis] = param
+        elif dims and root.symbolic_inputs and root.flag(0.25):
             # Symbolic dims; one name per (axis, size) so equal names mean equal sizes.
             for axis in range(len(dims)):
                 if axis == 0 or root.flag(0.3):
@@ -1673,6 +1683,8 @@ def assemble(b: Builder) -> onnx.ModelProto:
             for v in b.pool
             if v.name in produced and v.name not in listed and b.flag(0.5)
         ]
+    listed = {v.name for v in outputs} | {v.name for v in value_info}
+    value_info += [v for v in b.known_types if v.name not in listed and v.name in produced]
     graph = helper.make_graph(
         b.nodes, "fuzz", inputs, graph_outputs, b.inits, value_info=value_info
     )

@@ -22,7 +22,7 @@ import onnx
 from hypothesis import strategies as st
 from onnx import helper
 
-from fuzz.graphs import MAX_ELEMENTS, Builder, Val, s_unary
+from fuzz.graphs import MAX_ELEMENTS, Builder, Val, ort_ok, s_unary
 from onnxfuse.proof.domain import DTYPES
 from onnxfuse.proof.draw import Reject
 from onnxfuse.proof.expr import ExprError
@@ -90,14 +90,18 @@ def candidate_rules(opset: int) -> list[tuple[object, object]]:
     ]
 
 
-def draw_instance(b: Builder, rule, domain):
-    """A built instance of ``rule`` (spec and typed model), or None if it cannot be drawn."""
+def draw_instance(b: Builder, rule, domain, fire_target=None):
+    """A built instance of ``rule`` (spec and typed model), or None if it cannot be drawn
+    (or, with ``fire_target``, if the rule alone does not fire on it for that target)."""
     try:
         instance = generate(rule, domain, _BuilderDrawer(b))
         spec = instance.spec.copy()
-        for tensor in spec.tensors.values():
-            tensor.symbolic = {}  # the fuzz graph has concrete shapes; inputs get their own
-        model = build_model(spec)
+        concrete = spec.copy()
+        for tensor in concrete.tensors.values():
+            tensor.symbolic = {}  # output shapes must be concrete for the fuzz graph
+        model = build_model(concrete)
+        if fire_target is not None and not _fires_alone(spec, rule, fire_target):
+            return None
     except (Reject, DomainError, ExprError):
         return None
     if not _runs_in_onnxruntime(model) or any(
@@ -105,6 +109,19 @@ def draw_instance(b: Builder, rule, domain):
     ):
         return None  # a dtype or opset onnxruntime lacks: the whole graph would be discarded
     return spec, model
+
+
+def _fires_alone(spec, rule, target) -> bool:
+    """Whether ``rule`` alone fires on the instance (with its symbolic dims) for ``target``."""
+    from onnxfuse.proof.check import optimize_with
+
+    try:
+        applied, _ = optimize_with(build_model(spec), rule, target, check=False)
+    except (Reject, DomainError, ExprError):
+        return False
+    except Exception:  # an engine error here is the proof's to report, not the fuzzer's
+        return False
+    return applied > 0
 
 
 # Element types the runner can feed as NumPy arrays (NumPy has no bfloat16).
@@ -133,9 +150,11 @@ def _output_vals(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, tuple[int,
     return found
 
 
-def _ranged_input(b: Builder, dtype: np.dtype, dims: tuple[int, ...], low: float, high: float):
+def _ranged_input(
+    b: Builder, dtype: np.dtype, dims: tuple[int, ...], low: float, high: float, symbolic
+):
     """A graph input mapped into [low, high] by ops, so the value stays computed."""
-    x = b.new_input(dtype, dims)
+    x = b.new_input(dtype, dims, symbolic)
     squashed = b.op("Sigmoid", [x], dtype, dims)
     width = b.scalar(high - low, dtype, override_ok=False)
     scaled = b.op("Mul", [squashed, width], dtype, dims)
@@ -146,12 +165,20 @@ def _ranged_input(b: Builder, dtype: np.dtype, dims: tuple[int, ...], low: float
 def _wire_input(b: Builder, tensor) -> Val:
     dtype = np.dtype(tensor.dtype)
     dims = tuple(int(d) for d in tensor.dims)
+    # The instance's symbolic dims stay symbolic (a rule may need a shape that does not fold).
+    symbolic = {axis: f"{name}_{dims[axis]}" for axis, name in tensor.symbolic.items()}
     if tensor.value is not None:
         return b.const(tensor.value, override_ok=False)
     if tensor.range is not None:
         low, high = tensor.range
         if dtype.kind == "f" and math.isfinite(low) and math.isfinite(high):
-            return _ranged_input(b, dtype, dims, float(low), float(high))
+            return _ranged_input(b, dtype, dims, float(low), float(high), symbolic)
+        finite = math.isfinite(low) and math.isfinite(high)
+        if dtype.kind in "iu" and finite and ort_ok("Clip", dtype, b.opset):
+            # Computed, not a constant: an index or size a rule must not see folded.
+            x = b.new_input(dtype, dims, symbolic)
+            bounds = [b.scalar(v, dtype, override_ok=False) for v in (low, high)]
+            return b.op("Clip", [x, *bounds], dtype, dims)
         return b.const(random_array(b.rng, tensor.dtype, dims, tensor.range, frozenset()))
     earlier = [
         v
@@ -160,7 +187,7 @@ def _wire_input(b: Builder, tensor) -> Val:
     ]
     if earlier and b.flag(0.6):
         return earlier[-1 - b.int(0, len(earlier) - 1)]
-    return b.new_input(dtype, dims)
+    return b.new_input(dtype, dims, symbolic)
 
 
 def splice_rule_instance(b: Builder, x: Val | None = None, same: bool = False) -> Val:
@@ -169,13 +196,29 @@ def splice_rule_instance(b: Builder, x: Val | None = None, same: bool = False) -
     if b.parent is not None or not rules:
         return s_unary(b, x, same)
     rule, domain = rules[b.int(0, len(rules) - 1)]
-    drawn = draw_instance(b, rule, domain)
+    spliced = embed_instance(b, rule, domain)
+    return s_unary(b, x, same) if spliced is None else spliced
+
+
+def embed_instance(
+    b: Builder, rule, domain, distractors: bool = True, fire_target=None
+) -> Val | None:
+    """An instance of ``rule``'s source drawn from ``domain`` and spliced into the main
+    graph; its last output, or None if no instance can be drawn at the builder's opset.
+
+    Without ``distractors`` no constant of the instance becomes an overridable
+    initializer (which must block the rule), and every output gets a consumer (a
+    rewrite cannot connect a graph input straight to a graph output): the instance
+    should fire. With ``fire_target``, only an instance the rule alone fires on (for
+    that target) is spliced in.
+    """
+    drawn = draw_instance(b, rule, domain, fire_target)
     if drawn is None:
-        return s_unary(b, x, same)
+        return None
     spec, model = drawn
     outputs = _output_vals(model)
     if outputs is None:
-        return s_unary(b, x, same)
+        return None
     b.root.steps.append(f"rule:{rule.name}")
     names: dict[str, str] = {}
     for name, tensor in spec.tensors.items():
@@ -185,7 +228,7 @@ def splice_rule_instance(b: Builder, x: Val | None = None, same: bool = False) -
             names[name] = _wire_input(b, tensor).name
         else:
             assert tensor.value is not None
-            names[name] = b.const(tensor.value).name
+            names[name] = b.const(tensor.value, override_ok=distractors).name
     for node in spec.nodes:
         for output in node.outputs:
             if output and output not in names:
@@ -205,9 +248,30 @@ def splice_rule_instance(b: Builder, x: Val | None = None, same: bool = False) -
         b.nodes.append(proto)
         if node.domain and node.domain != "ai.onnx":
             b.root.domains.setdefault(node.domain, spec.extra_opsets.get(node.domain, 1))
+    # Outputs of ops of other domains are typed by running the instance: declare them too,
+    # as the property tests' instance does (a guard may read their shapes).
+    foreign = {o for n in spec.nodes if n.domain not in ("", "ai.onnx") for o in n.outputs}
+    typed_outputs = [v for v in model.graph.output if v.name in foreign]
+    for value in [*model.graph.value_info, *typed_outputs]:
+        if names.get(value.name):
+            typed = onnx.ValueInfoProto()
+            typed.CopyFrom(value)
+            typed.name = names[value.name]
+            b.root.known_types.append(typed)
     last = None
     for name in spec.outputs:
         dtype, dims = outputs[name]
         last = b.add(names[name], dtype, dims)
+        if not distractors:
+            _consume(b, last)
     assert last is not None
     return last
+
+
+def _consume(b: Builder, value: Val) -> None:
+    """A consumer for ``value`` that no rule rewrites with it: Add (Or for bool) with a
+    new graph input."""
+    op = "Or" if value.dtype == np.bool_ else "Add"
+    if ort_ok(op, value.dtype, b.opset):
+        other = b.new_input(value.dtype, value.shape)
+        b.op(op, [value, other], value.dtype, value.shape)

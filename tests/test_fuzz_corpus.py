@@ -99,3 +99,29 @@ def test_rule_fuzz_smoke() -> None:
     passed, failed = _summary(result)
     assert passed + failed == 50
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+# Rules whose embedding needs what --each-rule's embedding provides: a computed index
+# input in range and symbolic dims (else the source folds), typed outputs of ops of other
+# domains and a target parameter (block), a consumer of the output (a Cast between a
+# graph input and a graph output cannot go), a documented NaN difference (special inputs).
+EACH_RULE_CASES = [
+    ("ort-embed-layer-norm", "cpu"),
+    ("nchwc-global-maxpool", "cpu:block=8"),
+    ("nchwc-conv-add", "cpu:block=8"),
+    ("cast-noop", "cpu"),
+]
+
+
+@pytest.mark.parametrize(("name", "target"), EACH_RULE_CASES)
+def test_each_rule_embedding_fires(name: str, target: str) -> None:
+    """The plain embedding of `python -m fuzz graphs --each-rule` fires, and passes."""
+    from fuzz import each_rule
+
+    rule, domain = next((r, d) for r, d in each_rule._rules() if r.name == name)
+    coverage = each_rule.check_rule(rule, domain, 0, 2, [target, "cpu:block=8"], 0, None, "")
+    # Enabled where the verify domain's target parameters hold: block=8 rules only there.
+    enabled = ["cpu:block=8"] if target == "cpu:block=8" else [target, "cpu:block=8"]
+    assert coverage.targets == enabled
+    assert coverage.failed == 0, coverage.failures
+    assert coverage.embedded == 2 and coverage.fired >= 1, (coverage.not_fired, coverage.not_drawn)

@@ -94,3 +94,10 @@ def test_values_computed_from_constants_are_not_perturbed():
     feeds = [("normal", {"X": np.array([-2.0, -1.5, 0.5, 3.0], np.float32)})]
     (outputs,) = oracle.run_all(perturbed.SerializeToString(), feeds)
     assert np.all(np.isfinite(outputs[0]))
+
+
+def test_documented_nonfinite_deviations() -> None:
+    """A rule whose verify domain leaves NaN/inf inputs out is compared on plain inputs only."""
+    assert oracle.nonfinite_deviations(["nchwc-global-maxpool", "relu-relu"]) == [
+        "nchwc-global-maxpool"
+    ]
