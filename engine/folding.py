@@ -254,7 +254,7 @@ class Folder:
         self, graph: ir.Graph | ir.Function, old: ir.Value, array: np.ndarray
     ) -> None:
         name = self._take_name(old)
-        tensor: ir.TensorProtocol = spill.fill_tensor(array, name) or ir.tensor(array, name=name)
+        tensor: ir.TensorProtocol = spill.fill_tensor(array, name) or ir.Tensor(array, name=name)
         area = spill.active()
         if area is not None:
             tensor = area.spill(tensor) or tensor
@@ -277,7 +277,7 @@ class Folder:
 
     def _replace_with_constant_node(self, node: ir.Node, old: ir.Value, array: np.ndarray) -> None:
         name = self._take_name(old)
-        tensor = ir.tensor(np.ascontiguousarray(array), name=name)  # no broadcast views
+        tensor = ir.Tensor(np.ascontiguousarray(array), name=name)  # no broadcast views
         constant = ir.Node(
             "", "Constant", [], [ir.AttrTensor("value", tensor)], name=self.names.fresh(name)
         )

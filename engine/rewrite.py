@@ -170,7 +170,7 @@ def _convert(name: str, value: Any, attr_type: int) -> ir.Attr:
     if attr_type == kind.STRINGS:
         return ir.AttrStrings(name, [str(v) for v in _as_list(value)])
     if attr_type == kind.TENSOR or isinstance(value, np.ndarray):
-        return ir.AttrTensor(name, ir.tensor(np.asarray(value)))
+        return ir.AttrTensor(name, ir.Tensor(np.asarray(value)))
     return ir.convenience.convert_attribute(name, value)
 
 

@@ -16,6 +16,7 @@ instead: no memory and no file, its bytes made only when read or written.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ LARGE_RESULT_BYTES = 64 << 20
 # Fills this large become FillTensors (smaller ones stay plain arrays: no gain).
 FILL_MIN_BYTES = 64 * 1024
 # The writer writes a fill as repeats of one buffer of at most this many bytes.
-FILL_CHUNK_BYTES = 4 << 20
+FILL_CHUNK_BYTES = 1 << 20
 
 _ACTIVE: ContextVar[SpillArea | None] = ContextVar("onnxfuse_spill_area", default=None)
 
@@ -173,16 +174,27 @@ class FillTensor(ir.LazyTensor):
         return ir.Tensor(np.full(self.dims, self.value[0], dtype=self.value.dtype))
 
     def chunks(self) -> list[bytes | memoryview]:
-        """The tensor's bytes as repeats of one buffer (``tobytes`` without the copy)."""
+        """The tensor's little-endian bytes as repeats of one buffer (``tobytes`` without
+        the copy; the buffer is shared by the fills of one value)."""
         itemsize = self.value.dtype.itemsize
         total = int(np.prod(self.dims, dtype=np.int64))
-        per_chunk = max(1, FILL_CHUNK_BYTES // itemsize)
-        chunk = ir.Tensor(np.full(min(total, per_chunk), self.value[0], self.value.dtype)).tobytes()
+        chunk = _fill_chunk(self.value.dtype.str, self.value.tobytes())
+        per_chunk = len(chunk) // itemsize
         whole, rest = divmod(total, per_chunk)
         parts: list[bytes | memoryview] = [chunk] * whole
         if rest:
-            parts.append(memoryview(chunk)[: rest * itemsize])
+            parts.append(chunk[: rest * itemsize])
         return parts
+
+
+@functools.lru_cache(maxsize=8)
+def _fill_chunk(dtype: str, value: bytes) -> memoryview:
+    """FILL_CHUNK_BYTES of one value repeated (native order: the writer runs on
+    little-endian machines only)."""
+    one = np.frombuffer(value, dtype=np.dtype(dtype))
+    full = np.full(max(1, FILL_CHUNK_BYTES // one.itemsize), one[0], dtype=one.dtype)
+    full.flags.writeable = False
+    return memoryview(full.view(np.uint8))
 
 
 def fill_tensor(array: np.ndarray, name: str | None) -> FillTensor | None:
