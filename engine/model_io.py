@@ -9,6 +9,7 @@ the model where exactly those nodes sit in a private domain; ``target=None``
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import tempfile
 from collections.abc import Callable
@@ -61,7 +62,7 @@ def load_model(
     if path.stat().st_size == 0:
         raise ModelError(f"{path}: empty file, not an ONNX model")
     try:
-        proto = onnx.load_model(str(path), load_external_data=False)
+        proto = _read_proto(path)
     except (DecodeError, RuntimeError, ValueError, OSError) as exc:
         raise ModelError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
     if not proto.graph.node and not proto.graph.output:
@@ -78,6 +79,25 @@ def load_model(
         raise ModelError(f"{path}: fails the ONNX checker: {failure}")
     _attach_external_data_base(model, path.parent)
     return model
+
+
+def _read_proto(path: Path) -> onnx.ModelProto:
+    """``onnx.load_model(path, load_external_data=False)``, parsed from a mapping of the
+    file rather than from a copy of it read into memory (BERT-base: 0.36 -> 0.06-0.2 s).
+    Text formats, named by their extensions, go through onnx."""
+    fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix)
+    if fmt not in (None, "protobuf"):
+        return onnx.load_model(str(path), load_external_data=False)
+    proto = onnx.ModelProto()
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        view = memoryview(data)
+        try:
+            decoded = proto.ParseFromString(view)
+        finally:
+            view.release()  # the mapping closes only once no view of it is left
+        if decoded is not None and decoded != len(data):
+            raise DecodeError(f"protobuf has {decoded} bytes but the file has {len(data)}")
+    return proto
 
 
 def _check_loaded(path: Path, proto: onnx.ModelProto, target: Target | None) -> str | None:
