@@ -154,6 +154,25 @@ def test_an_inf_mask_gives_nan_rows_in_both():
     np.testing.assert_allclose(got, want, rtol=1.3e-6, atol=1e-5, equal_nan=True)
 
 
+def test_a_finite_masked_value_stays_because_the_kernel_adds_in_another_order():
+    """MultiHeadAttention adds s + (P + M), the source (s + P) + M. With F = -10000 the two
+    round apart by up to ulp(10000) ~ 1e-3 on a fully masked row, which the softmax turns
+    into visibly different weights; float32's lowest absorbs both sums exactly."""
+    model = t5_layer(masked_value=-10000.0)
+    applied, result = optimize(model)
+    assert applied == {MHA: 0, PACK: 0} and "Softmax" in ops(result)
+
+    def softmax(a):
+        e = np.exp(a - a.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    rng = np.random.default_rng(3)
+    s, p = (rng.standard_normal((64, 16)).astype(F32) * 4 for _ in range(2))
+    for f, differs in [(F32(-10000.0), True), (F32(F32_LOWEST), False)]:
+        source, fused = softmax((s + p) + f), softmax(s + (p + f))
+        assert (np.abs(source - fused).max() > 1e-4) == differs
+
+
 def test_a_mask_of_unproven_shape_stays():
     """Shapes that only agree at run time (other dim names) are not proof for attention_bias."""
     model = t5_layer(mask_shape=["b2", 1, "q2", "k2"])
