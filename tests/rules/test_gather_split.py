@@ -143,6 +143,31 @@ def test_slice_halves_become_one_split(second_end, tmp_path):
     assert_same_outputs(model, out)
 
 
+def first_and_rest_graph(last: bool) -> onnx.ModelProto:
+    """Row 0 (or the last row) of axis 1 by a Gather of a [1] index, the others by a Slice."""
+    inits = consts(i=[-1 if last else 0], b=[0 if last else 1], e=[-1 if last else INT64_MAX])
+    inits += consts(ax=[1])
+    nodes = [
+        node("Gather", ["X", "i"], "row", axis=1),
+        node("Slice", ["X", "b", "e", "ax"], "rest"),
+        node("Relu", ["row"], "y1"),
+        node("Relu", ["rest"], "y2"),
+    ]
+    return make_model(
+        nodes,
+        [tensor_input("X", ["batch", 5, 8])],
+        [tensor_input("y1", ["batch", 1, 8]), tensor_input("y2", ["batch", 4, 8])],
+        inits,
+    )
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_a_gather_and_a_slice_become_one_split(last, tmp_path):
+    model = first_and_rest_graph(last)
+    out = check_against_onnxruntime(model, tmp_path, Counter(Split=1, Gather=0, Slice=0))
+    assert_same_outputs(model, out)
+
+
 def test_slices_short_of_the_axis_end_stay(tmp_path):
     model = halves_graph(7)
     out = check_against_onnxruntime(model, tmp_path, Counter(Slice=2, Split=0))
