@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -30,6 +32,7 @@ _PLACEHOLDER = "onnxfuse-writer-placeholder"
 _MODEL_GRAPH = 7
 _GRAPH_INITIALIZER = 5
 _TENSOR_RAW_DATA = 9
+_TENSOR_NAME = 8
 _LENGTH_DELIMITED = 2
 
 # Dtypes whose bytes are the array's own (no 2-, 4- or 6-bit packing; strings apart).
@@ -53,7 +56,30 @@ _PLAIN = frozenset(
     }
 )
 
+
+@dataclass(frozen=True)
+class _FileRange:
+    """Bytes of the source model file, copied file to file (``os.sendfile``)."""
+
+    offset: int
+    nbytes: int
+
+
 Buffer = bytes | memoryview
+Part = Buffer | _FileRange
+
+# Where a loaded model's initializers lie in its file (``remember_source``), in its meta.
+SOURCE_META = "onnxfuse.source_tensors"
+
+
+@dataclass
+class SourceTensors:
+    """The file a model was loaded from, as it was then, and for each main-graph
+    initializer's TensorProto (by identity) its byte range there and its raw_data's."""
+
+    path: str
+    stat: tuple[int, int, int]  # size, mtime_ns, inode
+    ranges: dict[int, tuple[onnx.TensorProto, int, int, int, int]]
 
 
 def write_model(model: ir.Model, path: str | os.PathLike) -> None:
@@ -84,19 +110,102 @@ def write_model(model: ir.Model, path: str | os.PathLike) -> None:
     graph = proto.graph
     if len(tensors) != len(graph.initializer):
         raise AssertionError("initializers and their protos do not line up")
-    entries: list[list[Buffer]] = []
-    for tensor, serialized in zip(tensors, graph.initializer):
-        entries.append([serialized.SerializeToString()] if tensor is None else _tensor(tensor))
-    graph_parts = [_part(graph, 0, _GRAPH_INITIALIZER)]
-    for entry in entries:
-        graph_parts.extend(_field(_GRAPH_INITIALIZER, entry))
-    graph_parts.append(_part(graph, _GRAPH_INITIALIZER + 1))
-    parts = [_part(proto, 0, _MODEL_GRAPH)]
-    parts.extend(_field(_MODEL_GRAPH, graph_parts))
-    parts.append(_part(proto, _MODEL_GRAPH + 1))
-    with open(path, "wb") as file:
-        for part in parts:
-            file.write(part)
+    with _open_source(model) as (source_fd, source):
+        entries: list[list[Part]] = []
+        for tensor, serialized in zip(tensors, graph.initializer):
+            if tensor is None:
+                entries.append([serialized.SerializeToString()])
+                continue
+            found = _source_range(tensor, source, source_fd)
+            entries.append([found] if found is not None else _tensor(tensor))
+        graph_parts: list[Part] = [_part(graph, 0, _GRAPH_INITIALIZER)]
+        for entry in entries:
+            graph_parts.extend(_field(_GRAPH_INITIALIZER, entry))
+        graph_parts.append(_part(graph, _GRAPH_INITIALIZER + 1))
+        parts: list[Part] = [_part(proto, 0, _MODEL_GRAPH)]
+        parts.extend(_field(_MODEL_GRAPH, graph_parts))
+        parts.append(_part(proto, _MODEL_GRAPH + 1))
+        with open(path, "wb") as file:
+            for part in parts:
+                if isinstance(part, _FileRange):
+                    assert source_fd is not None
+                    file.flush()
+                    _copy_range(source_fd, file.fileno(), part)
+                else:
+                    file.write(part)
+
+
+@contextmanager
+def _open_source(model: ir.Model) -> Iterator[tuple[int | None, SourceTensors | None]]:
+    """The source file of ``model``, opened, if it is still the file it was loaded from."""
+    source = model.meta.get(SOURCE_META)
+    if not isinstance(source, SourceTensors):
+        yield None, None
+        return
+    try:
+        fd = os.open(source.path, os.O_RDONLY)
+    except OSError:
+        yield None, None
+        return
+    try:
+        found = os.fstat(fd)
+        if (found.st_size, found.st_mtime_ns, found.st_ino) != source.stat:
+            yield None, None
+        else:
+            yield fd, source
+    finally:
+        os.close(fd)
+
+
+def _source_range(
+    tensor: ir.TensorProtocol, source: SourceTensors | None, fd: int | None
+) -> _FileRange | None:
+    """The range of the source file that holds exactly what ``_tensor`` would make for
+    a tensor loaded from it: its TensorProto, unchanged (size, every byte outside
+    raw_data compared; raw_data is the one the proto was parsed from)."""
+    if source is None or fd is None or not isinstance(tensor, ir.serde.TensorProtoTensor):
+        return None
+    if tensor.metadata_props or tensor.dtype not in _PLAIN:
+        return None
+    entry = source.ranges.get(id(tensor.raw))
+    if entry is None or entry[0] is not tensor.raw:
+        return None
+    message, start, length, raw_start, raw_length = entry
+    if message.ByteSize() != length:
+        return None
+    head = _part(message, 0, _TENSOR_RAW_DATA)
+    head += _varint(_TENSOR_RAW_DATA << 3 | _LENGTH_DELIMITED) + _varint(raw_length)
+    tail = _part(message, _TENSOR_RAW_DATA + 1)
+    raw_end = raw_start + raw_length
+    if (
+        len(head) != raw_start - start
+        or len(tail) != start + length - raw_end
+        or os.pread(fd, len(head), start) != head
+        or os.pread(fd, len(tail), raw_end) != tail
+    ):
+        return None
+    return _FileRange(start, length)
+
+
+def _copy_range(source_fd: int, out_fd: int, part: _FileRange) -> None:
+    """Append ``part`` of the source file to ``out_fd``: in the kernel where it can,
+    else through a small buffer."""
+    offset, left = part.offset, part.nbytes
+    try:
+        while left:
+            sent = os.sendfile(out_fd, source_fd, offset, left)
+            if sent == 0:
+                raise OSError("source file ended early")
+            offset, left = offset + sent, left - sent
+    except OSError:
+        while left:
+            chunk = os.pread(source_fd, min(left, 1 << 20), offset)
+            if not chunk:
+                raise
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out_fd, view) :]
+            offset, left = offset + len(chunk), left - len(chunk)
 
 
 def _tensor(tensor: ir.TensorProtocol) -> list[Buffer]:
@@ -128,7 +237,7 @@ def _tensor(tensor: ir.TensorProtocol) -> list[Buffer]:
     return [head.SerializeToString(), *_field(_TENSOR_RAW_DATA, [data])]
 
 
-def _field(number: int, parts: list[Buffer]) -> list[Buffer]:
+def _field(number: int, parts: list[Part]) -> list[Part]:
     """A length-delimited field holding ``parts``: tag, length, then the parts."""
     size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
     return [_varint(number << 3 | _LENGTH_DELIMITED) + _varint(size), *parts]
@@ -169,3 +278,89 @@ def _varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+# -- where a loaded model's initializers are in its file ----------------------------------
+
+
+def initializer_ranges(data: memoryview) -> dict[str, tuple[int, int, int, int]]:
+    """For each main-graph initializer of the serialized ModelProto ``data`` whose
+    TensorProto holds one raw_data field: its name -> (start, length, raw_data start,
+    raw_data length). Names seen twice are left out; anything unexpected gives {}."""
+    try:
+        graphs = [(a, b) for n, w, a, b in _wire_fields(data, 0, len(data)) if n == _MODEL_GRAPH]
+        if len(graphs) != 1 or graphs[0][0] < 0:
+            return {}
+        found: dict[str, tuple[int, int, int, int]] = {}
+        twice: set[str] = set()
+        for number, _, start, end in _wire_fields(data, *graphs[0]):
+            if number != _GRAPH_INITIALIZER or start < 0:
+                continue
+            names, raws = [], []
+            for field, _, a, b in _wire_fields(data, start, end):
+                if field == _TENSOR_NAME:
+                    names.append(bytes(data[a:b]).decode())
+                elif field == _TENSOR_RAW_DATA:
+                    raws.append((a, b - a))
+            if len(names) != 1 or len(raws) != 1:
+                continue
+            if names[0] in found:
+                twice.add(names[0])
+            found[names[0]] = (start, end - start, *raws[0])
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return {}
+    for name in twice:
+        del found[name]
+    return found
+
+
+def remember_source(
+    model: ir.Model, path: str | os.PathLike, stat: os.stat_result, ranges: dict
+) -> None:
+    """Record, in ``model.meta``, where its main-graph initializers (just loaded from
+    ``path``, unchanged) lie in the file: the writer copies those still unchanged file to
+    file instead of serializing them (a copy of every weight)."""
+    found = {}
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, ir.serde.TensorProtoTensor) and tensor.raw.name in ranges:
+            found[id(tensor.raw)] = (tensor.raw, *ranges[tensor.raw.name])
+    if found:
+        key = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        model.meta[SOURCE_META] = SourceTensors(os.fspath(path), key, found)
+
+
+def _wire_fields(data: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """The fields of the protobuf message in ``data[start:end]``: (number, wire type,
+    value start, value end); the value of a non-length-delimited field is (-1, -1)."""
+    position = start
+    while position < end:
+        key, position = _read_varint(data, position)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, position = _read_varint(data, position)
+            yield number, wire, -1, -1
+        elif wire == 1 or wire == 5:
+            position += 8 if wire == 1 else 4
+            yield number, wire, -1, -1
+        elif wire == _LENGTH_DELIMITED:
+            length, position = _read_varint(data, position)
+            yield number, wire, position, position + length
+            position += length
+        else:
+            raise ValueError(f"wire type {wire}")
+    if position != end:
+        raise ValueError("message overruns its field")
+
+
+def _read_varint(data: memoryview, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")

@@ -4,6 +4,8 @@ the checks with stripped weights (onnx's full checker)."""
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -16,8 +18,10 @@ from onnxfuse.errors import ModelError
 from onnxfuse.folding import FoldContext, Folder
 from onnxfuse.folding_numpy import numpy_result
 from onnxfuse.model_io import load_model, save_model
-from onnxfuse.model_writer import DIRECT_MIN_BYTES, write_model
+from onnxfuse.model_writer import DIRECT_MIN_BYTES, SOURCE_META, write_model
 from onnxfuse.naming import NameSource
+from onnxfuse.optimizer import normalize
+from onnxfuse.spill import FillTensor
 
 BIG = DIRECT_MIN_BYTES // 4 + 7  # float32 elements: above the direct-write size
 
@@ -93,6 +97,68 @@ def test_writer_bytes_equal_ir_save_on_loaded_and_optimized_models(tmp_path):
     assert fast == slow
     # the optimized file itself was written by the writer: ir.save of it matches
     assert (tmp_path / "opt.onnx").read_bytes() == slow
+
+
+def test_writer_copies_loaded_weights_from_their_file_only_while_unchanged(tmp_path):
+    rng = np.random.default_rng(1)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node("Add", ["a", "v"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BIG])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BIG])],
+        [
+            numpy_helper.from_array(rng.random(BIG, dtype=np.float32), "w"),
+            numpy_helper.from_array(rng.random(BIG, dtype=np.float32), "v"),
+        ],
+    )
+    source = tmp_path / "source.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source)
+    model = load_model(source)
+    assert len(model.meta[SOURCE_META].ranges) == 2  # both found in the file
+    slow, fast = _both(model, tmp_path)
+    assert fast == slow
+    model.graph.initializers["v"].const_value.raw.doc_string = "changed"  # unlike the file
+    slow, fast = _both(model, tmp_path)
+    assert fast == slow
+    model = load_model(source)
+    data = source.read_bytes()
+    middle = len(data) // 2  # in the weights
+    source.write_bytes(data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1 :])  # changed
+    stat = source.stat()  # a later modification time, whatever the clock's resolution
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    slow, fast = _both(model, tmp_path)
+    assert fast == slow
+
+
+def test_writer_writes_folded_fills_as_the_full_arrays(tmp_path):
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [64, BIG // 64 + 1])
+    nodes = [
+        helper.make_node(
+            "ConstantOfShape",
+            ["shape"],
+            ["w"],
+            value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.02]),
+        ),
+        helper.make_node("Add", ["x", "w"], ["y"]),
+    ]
+    dims = [64, BIG // 64 + 1]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
+        [shape],
+    )
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    normalize(model)
+    (fill,) = [v for v in model.graph.initializers.values() if v.const_value.size > 2]
+    assert isinstance(fill.const_value, FillTensor)  # held as one value
+    slow, fast = _both(model, tmp_path)
+    assert fast == slow
+    (written,) = [
+        t for t in onnx.load(tmp_path / "fast.onnx").graph.initializer if t.name == fill.name
+    ]
+    assert np.array_equal(numpy_helper.to_array(written), np.full(dims, 0.02, np.float32))
 
 
 def _matmul_model(weight: np.ndarray, ir_version: int = 8) -> onnx.ModelProto:
