@@ -444,12 +444,14 @@ def check_rule(
     negative: bool = True,
     negatives_per_instance: int | None = None,
     shrink_seconds: float = 20.0,
+    keep: list[Instance] | None = None,
 ) -> RuleReport:
     """Prove ``rule`` on ``examples`` instances of its domain (hypothesis).
 
     ``negatives_per_instance`` caps the negative and boundary cases derived from each
     instance (None: all of them; see ``sample_mutations``). A failure is shrunk for at
     most ``shrink_seconds``; the smallest failing instance found by then is reported.
+    ``keep`` collects the instances that passed (for ``check_negatives``).
     """
     from hypothesis import HealthCheck, Verbosity, given, reject, settings
     from hypothesis import seed as hypothesis_seed
@@ -501,6 +503,8 @@ def check_rule(
             if not failing_since:
                 failing_since.append(time.monotonic())
             raise
+        if keep is not None:
+            keep.append(instance)
 
     if seed is not None:
         prove = hypothesis_seed(seed)(prove)
@@ -515,6 +519,38 @@ def check_rule(
             raise
     if report.failure is None and report.fired == 0:
         report.error = coverage_message(rule.name, report.examples, report.rejected)
+    return report
+
+
+def check_negatives(
+    rule: Rule,
+    instances: Sequence[Instance],
+    *,
+    target: Target | str | None = "cpu",
+    negatives_per_instance: int | None = None,
+) -> RuleReport:
+    """The negative and boundary cases derived from ``instances``, which already fired
+    and kept the numerics (a ``check_rule(keep=...)`` run's): what
+    ``check_rule(positive=False)`` checks on its own draws, without drawing and firing
+    them again. No shrinking: rerun ``check_rule`` for a smaller failing instance."""
+    report = RuleReport(rule.name)
+    domain = parse_domain(rule)
+    if isinstance(target, str):
+        target = load_target(target)
+    target = with_domain_params(target, domain)
+    for instance in instances:
+        report.examples += 1
+        report.fired += 1
+        model = build_model(instance.spec)
+        mutations, _ = derive(instance, domain, _value_types(model))
+        if negatives_per_instance is not None:
+            mutations = sample_mutations(mutations, negatives_per_instance, instance.data_seed)
+        try:
+            for mutation in mutations:
+                _check_mutation(instance, domain, target, mutation, report)
+        except _Found as found:
+            report.failure = found.failure
+            break
     return report
 
 

@@ -11,8 +11,11 @@ inlined as it first (reference_ops).
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -53,22 +56,40 @@ def choose_runner(model: onnx.ModelProto) -> Runner:
     return Runner(ORT)
 
 
-def _ort_session(model: onnx.ModelProto):
-    import onnxruntime as ort
+# The last sessions created, by serialized model: choose_runner loads a model that is
+# then run right away, and the same source runs again for every boundary case.
+_SESSIONS: OrderedDict[bytes, Any] = OrderedDict()
+_SESSION_CACHE_SIZE = 4
 
+
+def _ort_session(model: onnx.ModelProto):
     try:
         model = with_reference_definitions(model)
     except ValueError as exc:  # a node its reference definition does not allow
         raise RuntimeFailure(str(exc)) from None
+    data = model.SerializeToString()
+    key = hashlib.sha256(data).digest()
+    session = _SESSIONS.get(key)
+    if session is None:
+        session = _new_session(data)
+        _SESSIONS[key] = session
+        if len(_SESSIONS) > _SESSION_CACHE_SIZE:
+            _SESSIONS.popitem(last=False)
+    else:
+        _SESSIONS.move_to_end(key)
+    return session
+
+
+def _new_session(data: bytes):
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
     options.intra_op_num_threads = 1  # tiny models: threads only contend
     options.inter_op_num_threads = 1
     try:
-        return ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
         raise RuntimeFailure(f"onnxruntime cannot load the model: {first_line(exc)}") from None
 
