@@ -150,6 +150,22 @@ def _output_vals(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, tuple[int,
     return found
 
 
+def _output_vals_by_running(model: onnx.ModelProto, spec):
+    """Output types and shapes from a run, for outputs onnx cannot infer a static shape of
+    (a Reshape to a computed shape): the fuzz graph wires static shapes."""
+    from onnxfuse.proof.instance import make_feeds
+    from onnxfuse.proof.runtime import ORT, Runner, RuntimeFailure
+
+    try:
+        results = Runner(ORT).run(model, make_feeds(spec, 0, sets=1))[0]
+    except RuntimeFailure:
+        return None
+    return {
+        value.name: (np.asarray(result).dtype, tuple(np.asarray(result).shape))
+        for value, result in zip(model.graph.output, results)
+    }
+
+
 def _ranged_input(
     b: Builder, dtype: np.dtype, dims: tuple[int, ...], low: float, high: float, symbolic
 ):
@@ -168,6 +184,13 @@ def _wire_input(b: Builder, tensor) -> Val:
     # The instance's symbolic dims stay symbolic (a rule may need a shape that does not fold).
     symbolic = {axis: f"{name}_{dims[axis]}" for axis, name in tensor.symbolic.items()}
     if tensor.value is not None:
+        if dtype.kind in "iu" and ort_ok("Min", dtype, b.opset) and ort_ok("Max", dtype, b.opset):
+            # The instance feeds this input a fixed value (a shape, an index): computed as
+            # Max(Min(x, v), v), which is v, so that it does not fold to a constant either.
+            value = b.const(np.asarray(tensor.value, dtype=dtype), override_ok=False)
+            x = b.new_input(dtype, dims, symbolic)
+            low = b.op("Min", [x, value], dtype, dims)
+            return b.op("Max", [low, value], dtype, dims)
         return b.const(tensor.value, override_ok=False)
     if tensor.range is not None:
         low, high = tensor.range
@@ -216,7 +239,7 @@ def embed_instance(
     if drawn is None:
         return None
     spec, model = drawn
-    outputs = _output_vals(model)
+    outputs = _output_vals(model) or _output_vals_by_running(model, spec)
     if outputs is None:
         return None
     b.root.steps.append(f"rule:{rule.name}")
@@ -269,9 +292,8 @@ def embed_instance(
 
 
 def _consume(b: Builder, value: Val) -> None:
-    """A consumer for ``value`` that no rule rewrites with it: Add (Or for bool) with a
-    new graph input."""
+    """A consumer for ``value`` that no rule rewrites with it: Add (Or for bool) of the
+    value and itself (a second operand of a static shape could pin symbolic dims)."""
     op = "Or" if value.dtype == np.bool_ else "Add"
     if ort_ok(op, value.dtype, b.opset):
-        other = b.new_input(value.dtype, value.shape)
-        b.op(op, [value, other], value.dtype, value.shape)
+        b.op(op, [value, value], value.dtype, value.shape)
