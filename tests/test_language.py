@@ -544,6 +544,35 @@ def test_guard_on_symbolic_dimension_is_false():
     assert fired(report, "guarded-relu") == 0
 
 
+SAME_BATCH = """
+rules:
+  - name: same-batch-add
+    source: |
+      f (X, Y) => (Z) {
+        Z = Add(X, Y)
+      }
+    where:
+      - shape(X)[0] == shape(Y)[0]
+    target: |
+      f (X, Y) => (Z) {
+        Z = Sum(X, Y)
+      }
+"""
+
+
+@pytest.mark.parametrize(
+    ("x_batch", "y_batch", "expected"),
+    [("N", "N", 1), ("N", "M", 0), (None, None, 0), (None, "N", 0), (2, 2, 1)],
+)
+def test_unnamed_dimensions_are_never_proven_equal(x_batch, y_batch, expected):
+    # Two dims with neither a size nor a name may differ at run time.
+    nodes = [helper.make_node("Add", ["x", "y"], ["z"], name="a")]
+    inputs = [tensor_input("x", [x_batch, 3]), tensor_input("y", [y_batch, 3])]
+    model = make_model(nodes, inputs, [tensor_input("z", [None, 3])])
+    report, _ = optimize_proto(model, rules_from_text(SAME_BATCH))
+    assert fired(report, "same-batch-add") == expected
+
+
 TWO_ROOTS = """
 rules:
   - name: relu-beside-abs

@@ -66,16 +66,39 @@ def constant_tensor(value: ir.Value | None, ir_version: int = 10) -> ir.TensorPr
     return None
 
 
-def _shape(ref: Any) -> tuple[int | str | None, ...]:
+class UnnamedDim:
+    """A dimension with neither a size nor a name: equal to nothing, itself included.
+
+    Two unnamed dimensions may differ at run time, so ``shape(a)[0] == shape(b)[0]``
+    must not prove them equal (``None == None`` would).
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return "?"
+
+
+def _shape(ref: Any) -> tuple[int | str | UnnamedDim, ...]:
     value = _need(ref, "shape")
     if value.shape is None:
         raise GuardUnknown(f"shape({ref.name}) is unknown")
-    dims: list[int | str | None] = []
+    dims: list[int | str | UnnamedDim] = []
     for dim in value.shape:
         if isinstance(dim, int):
             dims.append(dim)
+        elif isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+            dims.append(dim.value)
         else:
-            dims.append(dim.value if isinstance(dim, ir.SymbolicDim) else None)
+            dims.append(UnnamedDim())
     return tuple(dims)
 
 
