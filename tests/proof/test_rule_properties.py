@@ -10,6 +10,10 @@ For each rule (test ids are rule names):
     literals, unnamed attributes, the domain's own negatives) do not fire, and
     boundary cases (another dtype, a constant made an input) fire only where exact.
 
+The negative test takes its instances from the positive test of the same rule when that
+ran first in this process (the same seed draws the same instances), rather than drawing
+and firing them again; run alone, or to shrink a failure, it draws its own.
+
 Example counts follow the hypothesis profile (HYPOTHESIS_PROFILE=ci|thorough|dev);
 ONNXFUSE_PROOF_SEED picks other instances (default 0: the same ones every run).
 """
