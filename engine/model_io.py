@@ -68,7 +68,7 @@ def load_model(
     if not proto.graph.node and not proto.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph)")
     try:
-        failure = _check_loaded(path, proto, target) if check else None
+        failure = _check_loaded(path, proto, target, ranges) if check else None
     except OSError as exc:
         raise ModelError(f"{path}: cannot check the model ({_first_line(exc)})") from None
     try:
@@ -107,11 +107,17 @@ def _read_proto(
     return proto, ranges, stat
 
 
-def _check_loaded(path: Path, proto: onnx.ModelProto, target: Target | None) -> str | None:
+def _check_loaded(
+    path: Path,
+    proto: onnx.ModelProto,
+    target: Target | None,
+    ranges: dict[str, tuple[int, int, int, int]] | None = None,
+) -> str | None:
     """The checker's first complaint about the model at ``path`` (loaded as ``proto``
-    without its external data), or None."""
+    without its external data), or None. ``ranges``: where ``proto``'s initializers lie
+    in the file it was just parsed from (``model_writer.initializer_ranges``)."""
     if not _has_external_data(proto):
-        stripped = _stripped(proto)
+        stripped = _stripped(proto, ranges or {})
         if stripped is not None:
             return _check_stripped(_view(stripped, target) or stripped, lambda: _check_path(path))
     view = _view(proto, target)
@@ -178,13 +184,15 @@ def _strip_in_check(tensor: ir.TensorProtocol) -> bool:
     return tensor.dtype != ir.DataType.STRING and tensor.nbytes >= _STRIP_MIN_BYTES
 
 
-def _stripped(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+def _stripped(
+    proto: onnx.ModelProto, ranges: dict[str, tuple[int, int, int, int]]
+) -> onnx.ModelProto | None:
     """A copy of ``proto`` whose large main-graph initializers are external references
     to ``CHECK_PLACEHOLDER`` (None: nothing to strip). Only tensors whose sole value is
     raw data of at least the size their shape and type need are stripped: what the
     checker would verify of them is verified here."""
     graph = proto.graph
-    strip = [_stripped_tensor(t) for t in graph.initializer]
+    strip = [_stripped_tensor(t, ranges.get(t.name)) for t in graph.initializer]
     if not any(s is not None for s in strip):
         return None
     view = onnx.ModelProto()
@@ -195,7 +203,9 @@ def _stripped(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     return view
 
 
-def _stripped_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto | None:
+def _stripped_tensor(
+    tensor: onnx.TensorProto, found: tuple[int, int, int, int] | None
+) -> onnx.TensorProto | None:
     itemsize = _ITEMSIZE.get(tensor.data_type)
     if (
         itemsize is None
@@ -207,7 +217,9 @@ def _stripped_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto | None:
         return None
     stripped = onnx.TensorProto()
     _copy_fields(tensor, stripped, skip="raw_data")  # reading raw_data would copy it
-    size = _raw_size(tensor.ByteSize() - stripped.ByteSize())
+    # The one raw_data field of the file it was parsed from, if known: protobuf's ByteSize
+    # serializes the whole tensor, weights and all, to measure it.
+    size = found[3] if found is not None else _raw_size(tensor.ByteSize() - stripped.ByteSize())
     needed = itemsize * math.prod(tensor.dims)
     if needed < _STRIP_MIN_BYTES or size < needed:
         return None  # small, or the checker's size complaint is due
