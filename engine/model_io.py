@@ -25,7 +25,13 @@ from onnxfuse.errors import InvariantError, ModelError
 from onnxfuse.extension_ops import _has_accepted, checker_view, holds_accepted
 from onnxfuse.folding import reference_evaluator
 from onnxfuse.infer import extension_output_types, weights_as_placeholders
-from onnxfuse.model_writer import initializer_ranges, remember_source, write_model
+from onnxfuse.model_writer import (
+    PLACEHOLDER,
+    initializer_ranges,
+    remember_source,
+    serialize_stripped,
+    write_model,
+)
 from onnxfuse.naming import subgraphs
 from onnxfuse.spill import is_spilled, load_spilled
 
@@ -42,7 +48,7 @@ _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 # the model's weights per check). No operator's inference reads tensors this large
 # (shape-like inputs hold one element per dimension).
 _STRIP_MIN_BYTES = 64 * 1024
-CHECK_PLACEHOLDER = "onnxfuse-check-placeholder"
+CHECK_PLACEHOLDER = PLACEHOLDER
 
 
 def load_model(
@@ -353,6 +359,20 @@ def _check_in_memory(model: ir.Model, target: Target | None) -> None:
         raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
 
 
+def _check_serialized(model: ir.Model, stripped: onnx.ModelProto, target: Target | None) -> None:
+    """``_check_in_memory`` on the writer's serialization (``serialize_stripped``): its
+    large main-graph weights are placeholders too, from arrays of their own shape and
+    type or loaded tensors whose size was checked on load."""
+
+    def full_check() -> str | None:
+        proto = ir.serde.serialize_model(model)
+        return _check_proto(_view(proto, target) or proto)
+
+    failure = _check_stripped(_view(stripped, target) or stripped, full_check)
+    if failure is not None:
+        raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
+
+
 def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None = None) -> None:
     """Write ``model`` to ``path`` atomically: a temporary file, checked, then renamed.
 
@@ -367,9 +387,12 @@ def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None =
     if not path.parent.exists():
         raise ModelError(f"{path.parent}: output directory does not exist")
     external = _needs_external_data(model)
+    serialized = None
     if not external:
         load_spilled(model)
-        _check_in_memory(model, target)  # before writing: the weights are serialized once
+        # One serialization, large weights as placeholders: checked, then written.
+        serialized = serialize_stripped(model)
+        _check_serialized(model, serialized[0], target)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -383,7 +406,7 @@ def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None =
             if failure is not None:
                 raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
         else:
-            write_model(model, tmp_name)  # ir.save's bytes, the weights written in place
+            write_model(model, tmp_name, serialized)  # ir.save's bytes, weights in place
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

@@ -26,7 +26,8 @@ from onnxfuse.spill import FillTensor
 
 # In-memory initializers of this many bytes or more are written from their own buffers.
 DIRECT_MIN_BYTES = 64 * 1024
-_PLACEHOLDER = "onnxfuse-writer-placeholder"
+# Where large initializers point in a serialized model until their bytes are written.
+PLACEHOLDER = "onnxfuse-check-placeholder"
 
 # Field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
 _MODEL_GRAPH = 7
@@ -82,15 +83,18 @@ class SourceTensors:
     ranges: dict[int, tuple[onnx.TensorProto, int, int, int, int]]
 
 
-def write_model(model: ir.Model, path: str | os.PathLike) -> None:
-    """Write ``model`` to ``path`` as one protobuf: the bytes ``ir.save(model, path)``
-    writes. Initializers must be in memory (no external data)."""
+def serialize_stripped(model: ir.Model) -> tuple[onnx.ModelProto, list[ir.TensorProtocol | None]]:
+    """``model`` serialized with its large in-memory main-graph initializers (not strings)
+    as external references to ``PLACEHOLDER``, and for each initializer proto the tensor
+    it stands for (None: the proto holds it). The checker can check this proto from a
+    directory holding an empty ``PLACEHOLDER`` file; ``write_model`` writes it."""
     values = list(model.graph.initializers.values())
     large = [
         value
         for value in values
         if value.const_value is not None
         and not isinstance(value.const_value, ir.ExternalTensor)
+        and value.const_value.dtype != ir.DataType.STRING
         and value.const_value.nbytes >= DIRECT_MIN_BYTES
     ]
     originals = {id(value): value.const_value for value in large}
@@ -100,16 +104,28 @@ def write_model(model: ir.Model, path: str | os.PathLike) -> None:
             assert tensor is not None
             tensor.name = value.name  # as ir's serializer does
             value.const_value = ir.ExternalTensor(
-                _PLACEHOLDER, None, None, tensor.dtype, shape=tensor.shape, name=value.name
+                PLACEHOLDER, None, None, tensor.dtype, shape=tensor.shape, name=value.name
             )
         proto = ir.serde.serialize_model(model)
     finally:
         for value in large:
             value.const_value = originals[id(value)]
     tensors = [originals.get(id(value)) for value in values if value.const_value is not None]
-    graph = proto.graph
-    if len(tensors) != len(graph.initializer):
+    if len(tensors) != len(proto.graph.initializer):
         raise AssertionError("initializers and their protos do not line up")
+    return proto, tensors
+
+
+def write_model(
+    model: ir.Model,
+    path: str | os.PathLike,
+    serialized: tuple[onnx.ModelProto, list[ir.TensorProtocol | None]] | None = None,
+) -> None:
+    """Write ``model`` to ``path`` as one protobuf: the bytes ``ir.save(model, path)``
+    writes. Initializers must be in memory (no external data). ``serialized``: what
+    ``serialize_stripped(model)`` returned, if the caller has it (the model unchanged)."""
+    proto, tensors = serialized or serialize_stripped(model)
+    graph = proto.graph
     with _open_source(model) as (source_fd, source):
         entries: list[list[Part]] = []
         for tensor, serialized in zip(tensors, graph.initializer):
