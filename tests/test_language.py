@@ -573,6 +573,55 @@ def test_unnamed_dimensions_are_never_proven_equal(x_batch, y_batch, expected):
     assert fired(report, "same-batch-add") == expected
 
 
+SHARED_WHERE = """
+rules:
+  - name: r1
+    source: |
+      f (X) => (Y) {
+        Y = Relu(X)
+      }
+    where: &shared
+      - rank(X) == 4
+      - dtype(X) == "float32"
+    target: |
+      f (X) => (Y) {
+        z = Constant<value_float = 0.0>()
+        Y = Max(X, z)
+      }
+  - name: r2
+    source: |
+      f (X) => (Y) {
+        Y = Sigmoid(X)
+      }
+    where:
+      - *shared
+      - shape(X)[0] == 2
+    target: |
+      f (X) => (Y) {
+        Y = Sigmoid(X)
+        Z = Identity(Y)
+      }
+"""
+
+
+def test_where_splices_a_shared_guard_list():
+    first, second = rules_from_text(SHARED_WHERE)
+    assert [g.text for g in first.guards] == ["rank(X) == 4", 'dtype(X) == "float32"']
+    assert [g.text for g in second.guards] == [
+        "rank(X) == 4",
+        'dtype(X) == "float32"',
+        "shape(X)[0] == 2",
+    ]
+
+
+def test_where_refuses_a_non_expression_item():
+    from onnxfuse.errors import RuleError
+
+    text = GUARDS.replace('- dtype(X) == "float32"', "- [[1]]")
+    with pytest.raises(RuleError, match="'where' must be an expression or a list of them"):
+        rules_from_text(text)
+
+
 TWO_ROOTS = """
 rules:
   - name: relu-beside-abs

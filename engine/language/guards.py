@@ -308,7 +308,10 @@ def _elements(ref: Any) -> Any:
     if found is None:
         raise GuardUnknown(f"elements({ref.name}): not a rank-0/1 integer value of known size")
     rank, items = found
-    return items[0] if rank == 0 else tuple(items)
+    # An element computed at run time by an op elements() does not follow is unknown:
+    # like an unnamed dim, it equals nothing.
+    known = [UnnamedDim() if item is None else item for item in items]
+    return known[0] if rank == 0 else tuple(known)
 
 
 def _dims(ref: Any) -> tuple[Any, ...]:

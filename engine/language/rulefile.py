@@ -173,16 +173,13 @@ def rule_from_entry(
     bound.add(ALTERNATIVE)
     bound.add(TARGET_PARAMS)
     lets = _parse_lets(entry, bound, lines["let"])
-    where = entry.get("where", [])
-    if isinstance(where, str):
-        where = [where]
-    if not isinstance(where, list):
-        raise RuleDefinitionError("'where' must be an expression or a list of them", lines["where"])
+    where = _guard_list(entry.get("where", []), lines["where"])
     guards = compile_guards(where, bound | set(lets), lines["where"])
     if member is None and "ops" in entry:
         raise RuleDefinitionError("'ops' is only read from rule files", lines["ops"])
     overrides = member.overrides if member else {}
-    guards += compile_guards(overrides.get("where", []), bound | set(lets), lines["per_op"])
+    member_where = _guard_list(overrides.get("where", []), lines["per_op"])
+    guards += compile_guards(member_where, bound | set(lets), lines["per_op"])
     opset_entry = LineMap({"opset": overrides["opset"]}) if "opset" in overrides else entry
     opset = _parse_opset(opset_entry, lines["per_op" if "opset" in overrides else "opset"])
     verify = {**_mapping(entry, "verify"), **overrides.get("verify", {})}
@@ -227,6 +224,26 @@ def _source_texts(entry: LineMap) -> list[tuple[str, int]]:
     if not isinstance(sources, LineList) or not sources:
         raise RuleDefinitionError("rule has no 'source'", entry.line)
     return list(zip(sources, sources.item_lines))
+
+
+# Lists of shared guards may nest; deeper than this is a mistake (or a cycle).
+_MAX_GUARD_NESTING = 8
+
+
+def _guard_list(where: Any, line: int | None, depth: int = 0) -> list[str]:
+    """`where:` as a flat list of expressions.
+
+    A nested list is spliced in, so rules can share a list of guards through a
+    YAML anchor (`- *shape_guards`).
+    """
+    if isinstance(where, str):
+        return [where]
+    if not isinstance(where, list) or depth > _MAX_GUARD_NESTING:
+        raise RuleDefinitionError("'where' must be an expression or a list of them", line)
+    flat: list[str] = []
+    for item in where:
+        flat.extend(_guard_list(item, line, depth + 1))
+    return flat
 
 
 def _parse_lets(entry: LineMap, bound: set[str], line: int) -> dict[str, Any]:
