@@ -407,10 +407,19 @@ def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None =
                 raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
         else:
             write_model(model, tmp_name, serialized)  # ir.save's bytes, weights in place
+        # mkstemp creates the file private (0600): give it the mode a plain open() would.
+        os.chmod(tmp_name, _new_file_mode())
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def _new_file_mode() -> int:
+    """0o666 less the process's umask, as open() would create a file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _needs_external_data(model: ir.Model) -> bool:

@@ -166,6 +166,15 @@ def test_input_is_never_modified_and_output_is_atomic(tmp_path, relu_model):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "relu.onnx"]
 
 
+def test_output_gets_the_mode_a_new_file_gets(tmp_path, relu_model):
+    # The writer goes through a private temporary file; the result must not stay private.
+    out = tmp_path / "out.onnx"
+    assert run_cli("optimize", str(relu_model), "-o", str(out)).returncode == 0
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    assert out.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+
+
 def test_refuses_to_overwrite_the_input(relu_model):
     before = relu_model.read_bytes()
     result = run_cli("optimize", str(relu_model), "-o", str(relu_model))
