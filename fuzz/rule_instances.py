@@ -293,7 +293,11 @@ def embed_instance(
 
 def _consume(b: Builder, value: Val) -> None:
     """A consumer for ``value`` that no rule rewrites with it: Add (Or for bool) of the
-    value and itself (a second operand of a static shape could pin symbolic dims)."""
+    value and itself (a second operand of a static shape could pin symbolic dims), else
+    a Concat of the two."""
     op = "Or" if value.dtype == np.bool_ else "Add"
     if ort_ok(op, value.dtype, b.opset):
         b.op(op, [value, value], value.dtype, value.shape)
+    elif value.rank >= 1:  # no Add kernel for the type (float16 before opset 14): Concat
+        shape = (2 * value.shape[0], *value.shape[1:])
+        b.op("Concat", [value, value], value.dtype, shape, axis=0)
