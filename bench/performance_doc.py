@@ -29,10 +29,6 @@ MIN_SPEEDUP = {"onnxscript": 3.0, "ort-transformers": 1.0}
 MAX_EXPONENT = 1.1
 MAX_RSS_SHARE = 0.25
 MAX_LATENCY_RATIO = 1.05  # medians of a shared 2-core machine: 5% is within their noise
-# The 200k-node point of the scaling run (about 6 GB and 4 minutes: not rerun every time);
-# measured with speed.py --run-one on a 3,920-block stack, recorded in bench/README.md.
-SCALING_200K = {"nodes": 199_929, "seconds": 232.9, "rss_gb": 6.0, "commit": "bc1eb26"}
-SCALING_200K_1K = 1.41  # that run's 1,029-node point, seconds: how loaded the machine was
 
 TOOLS = {"onnxfuse": "onnxfuse", "onnxscript": "onnxscript", "ort-transformers": "ORT transformers"}
 VARIANTS = {
@@ -118,11 +114,6 @@ def scaling_table(scaling: dict) -> list[str]:
     out = ["| nodes | seconds | ms per node |", "|---|---|---|"]
     for nodes, seconds in scaling["points"]:
         out.append(f"| {nodes:,} | {seconds:.2f} | {1000 * seconds / nodes:.2f} |")
-    big = SCALING_200K
-    out.append(
-        f"| {big['nodes']:,} (earlier run, commit `{big['commit']}`) | {big['seconds']:.1f} | "
-        f"{1000 * big['seconds'] / big['nodes']:.2f} |"
-    )
     return out
 
 
@@ -299,10 +290,8 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
                 "## Scaling",
                 "",
                 "onnxfuse alone on decoder stacks with zero weights, file to file. Fit over this",
-                f"run's points: time ~ nodes^{speed['scaling']['exponent']:.3f}. The last row is",
-                f"from an earlier run (peak RSS {SCALING_200K['rss_gb']} GB), not refit here; that",
-                f"run's 1,029-node point took {SCALING_200K_1K} s on a quieter machine, so compare",
-                "per-node times only within one run.",
+                f"run's points: time ~ nodes^{speed['scaling']['exponent']:.3f}. Compare per-node",
+                "times only within one run.",
                 "",
                 *scaling_table(speed["scaling"]),
                 "",

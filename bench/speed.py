@@ -25,9 +25,10 @@ with the export's model type, heads and hidden size. Ratios are the other tool's
 over onnxfuse's.
 
 `--scaling MAX` times onnxfuse alone on decoder stacks from about 1,000 nodes up
-to MAX nodes and fits time = a * nodes^k (least squares in log-log): k is the
-exponent. `--external-gb G` builds a decoder stack with about G GB of weights in
-external data and reports onnxfuse's peak RSS against the weight size.
+to MAX nodes (steps of 3x, and MAX itself) and fits time = a * nodes^k (least
+squares in log-log): k is the exponent. `--external-gb G` builds a decoder stack
+with about G GB of weights in external data and reports onnxfuse's peak RSS
+against the weight size.
 """
 
 from __future__ import annotations
@@ -246,6 +247,9 @@ def scaling(folder: Path, max_nodes: int) -> dict:
     while nodes <= max_nodes:
         sizes.append(max(1, round(nodes / NODES_PER_BLOCK)))
         nodes *= 3
+    # End at MAX itself (e.g. 200,000 after 81,000), not at the last power of 3 below it.
+    if nodes / 3 < max_nodes / 1.5:
+        sizes.append(max(1, round(max_nodes / NODES_PER_BLOCK)))
     points = []
     for layers in sizes:
         path = decoder_model(folder, layers, weights="zeros")
