@@ -156,7 +156,10 @@ class _Driver:
         self.names = names
         self.folder = folder
         self.by_anchor: dict[tuple[str, str], list[Rule]] = {}
+        params = options.target.params if options.target is not None else {}
         for rule in rules:
+            if rule.refused_by(params) is not None:
+                continue  # a layout or block-size rule of another target configuration
             for key in sorted(rule.anchor_keys):
                 self.by_anchor.setdefault(key, []).append(rule)
         self.max_rewrites = options.max_rewrites or max(1_000, 5 * report.nodes_before)

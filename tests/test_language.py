@@ -1323,3 +1323,34 @@ def test_check_takes_an_op_set_family_name(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "2 rule(s)" in out and "t-unary[Relu]" in out and "t-unary[Sigmoid]" in out
+
+
+PARAM_GUARDED = """
+rules:
+  - name: relu-relu-blocked
+    description: Relu is idempotent, on block-size targets only.
+    benefit: 3
+    references: [math]
+    source: |
+      f (X) => (Y) {
+        T = Relu(X)
+        Y = Relu(T)
+      }
+    where:
+      - "'block' in target_params"
+      - "rank(X) >= 1 or 'layout' in target_params"
+    target: |
+      f (X) => (Y) {
+        Y = Relu(X)
+      }
+"""
+
+
+def test_guard_reading_only_target_params_decides_the_rule_per_target():
+    (rule,) = rules_from_text(PARAM_GUARDED)
+    assert rule.refused_by({}) == "'block' in target_params"
+    assert rule.refused_by({"block": 8}) is None  # the mixed guard is left to matching
+    assert [g.names for g in rule.guards] == [
+        frozenset({"target_params"}),
+        frozenset({"X", "target_params"}),
+    ]

@@ -385,6 +385,7 @@ class Guard:
 
     text: str
     tree: ast.Expression
+    names: frozenset[str] = frozenset()  # what it reads from its bindings
 
     def evaluate(self, names: Mapping[str, Any]) -> Any:
         return self._compiled(names)
@@ -397,6 +398,7 @@ class Guard:
 def parse_guard(text: str, known_names: set[str]) -> Guard:
     """Parse and check an expression; raise GuardSyntaxError naming the problem."""
     tree = interpreter.check_syntax(text, GUARDS, GuardSyntaxError, "guard")
-    for name in sorted(interpreter.free_names(tree, GUARDS) - known_names):
+    names = frozenset(interpreter.free_names(tree, GUARDS))
+    for name in sorted(names - known_names):
         raise GuardSyntaxError(f"unknown name '{name}' in guard {text!r}")
-    return Guard(text=text.strip(), tree=tree)
+    return Guard(text=text.strip(), tree=tree, names=names)

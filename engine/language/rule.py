@@ -10,7 +10,7 @@ import onnx
 import onnx.parser
 
 from onnxfuse.language import opsets, schemas
-from onnxfuse.language.guards import Guard, GuardSyntaxError, parse_guard
+from onnxfuse.language.guards import Guard, GuardSyntaxError, GuardUnknown, parse_guard
 from onnxfuse.language.pattern import (
     COMMUTATIVE_OPS,
     AttrRef,
@@ -75,6 +75,19 @@ class Rule:
 
     def created_ops(self) -> set[tuple[str, str]]:
         return {node.key for node in self.target.nodes}
+
+    def refused_by(self, params: dict[str, object]) -> str | None:
+        """The first guard that reads only the target's parameters and is false for
+        ``params``: the rule can then match nowhere on that target (None: none is)."""
+        for guard in self.guards:
+            if guard.names <= {TARGET_PARAMS}:
+                try:
+                    holds = guard.evaluate({TARGET_PARAMS: dict(params)})
+                except GuardUnknown:  # matching will say why
+                    continue
+                if not holds:
+                    return guard.text
+        return None
 
 
 def parse_pattern_text(
