@@ -4,7 +4,9 @@ Values are computed with onnx's reference evaluator, one node at a time, at
 the model's own opset. ``Shape`` and ``Size`` of a value whose shape is fully
 known fold too. Outputs above a size limit are left as nodes. Inside a
 ``spill.spilling`` context, large results become external tensors in a
-temporary file, and external weights a fold read are unmapped after it.
+temporary file, and external weights a fold read are unmapped after it. A fold of
+uniform values (fills) is computed on one element (``folding_uniform``) and is a
+fill again.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx import helper
 
-from onnxfuse import spill
+from onnxfuse import folding_uniform, spill
 from onnxfuse.folding_numpy import numpy_result
 from onnxfuse.language.guards import constant_tensor
 from onnxfuse.naming import NameSource
@@ -127,21 +129,27 @@ class Folder:
                 self._replace_with_initializer(node.graph, output, array)
 
     def _evaluated_result(self, node: ir.Node) -> list[np.ndarray] | None:
-        inputs = self._constant_inputs(node)
-        return None if inputs is None else self._evaluate(node, inputs)
+        tensors = self._constant_tensors(node)
+        if tensors is None:
+            return None
+        # Uniform inputs (fills): one element computed, the result a fill again.
+        opset = self.context.opsets.get("", 21)
+        results = folding_uniform.uniform_result(node, tensors, opset, self._evaluate)
+        if results is not None:
+            return results
+        return self._evaluate(node, [None if t is None else t.numpy() for t in tensors])
 
-    def _constant_inputs(self, node: ir.Node) -> list[np.ndarray | None] | None:
+    def _constant_tensors(self, node: ir.Node) -> list[ir.TensorProtocol | None] | None:
         tensors = [
             None if value is None else constant_tensor(value, self.context.ir_version)
             for value in node.inputs
         ]
         if any(t is None and v is not None for t, v in zip(tensors, node.inputs)):
             return None  # decided before reading any weight: lazy data stays on disk
-        arrays = [None if t is None else t.numpy() for t in tensors]
-        if node.op_type != "Constant" and not any(a is not None for a in arrays):
+        if node.op_type != "Constant" and not any(t is not None for t in tensors):
             # Generators without inputs (e.g. ConstantOfShape needs one) are not folded here.
             return None
-        return arrays
+        return tensors
 
     def _shape_result(self, node: ir.Node) -> list[np.ndarray] | None:
         if node.op_type not in ("Shape", "Size") or not node.inputs or node.inputs[0] is None:

@@ -1,0 +1,309 @@
+"""Folding of uniform values on one element.
+
+onnx's IR-3 models build every weight with a ``ConstantOfShape`` fill, which folds to
+a ``spill.FillTensor`` (one value, never materialized). Folds that read such a fill
+(a Conv+BatchNormalization fold scales its weight by a per-channel factor that is a
+fill too) would otherwise build the whole array and compute on it, for a result that
+is one repeated value again. Here, when every data input of a node is uniform (a
+``FillTensor``, a stride-0 view, or a small array whose elements are bitwise equal),
+the op is computed by the same evaluation path on one element per input and the
+result is ``np.broadcast_to`` that element: it stays a ``FillTensor``.
+
+Only ops whose element result cannot depend on the array around it qualify: correctly
+rounded IEEE arithmetic, comparisons, logic, casts numpy does the same way for one
+element and for many, and data movement. Output shapes are never derived from the
+ONNX spec by hand where the old path can give them: data movement runs the old path
+on stride-0 views (numpy keeps them views), elementwise ops broadcast as numpy does.
+Anything else returns None and the caller computes on the full arrays, as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxfuse import spill
+
+Arrays = list[np.ndarray | None]
+Evaluate = Callable[[ir.Node, Arrays], list[np.ndarray] | None]
+
+# Plain numpy types only (no ml_dtypes, strings, complex): their element operations
+# are the ones numpy applies to every element of an array.
+_PLAIN = frozenset(
+    np.dtype(t)
+    for t in (
+        np.float16,
+        np.float32,
+        np.float64,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.bool_,
+    )
+)
+
+# Elementwise ops -> first opset with numpy (multidirectional) broadcasting and no
+# legacy attributes (``broadcast``/``axis`` before 7, ``consumed_inputs`` before 6).
+_ELEMENTWISE = {
+    "Add": 7,
+    "Sub": 7,
+    "Mul": 7,
+    "Div": 7,
+    "Neg": 6,
+    "Abs": 6,
+    "Sqrt": 6,
+    "Max": 8,
+    "Min": 8,
+    "Identity": 1,
+    "Cast": 6,
+    "Equal": 7,
+    "Less": 7,
+    "Greater": 7,
+    "LessOrEqual": 12,
+    "GreaterOrEqual": 12,
+    "Not": 1,
+    "And": 7,
+    "Or": 7,
+    "Xor": 7,
+    "Where": 9,
+}
+# Data movement whose old path (numpy or the reference evaluator) returns views: run
+# on stride-0 views, they give the exact output shape without touching memory.
+_VIEWS = {"Reshape": 5, "Transpose": 1, "Unsqueeze": 1, "Squeeze": 1, "Flatten": 1, "Slice": 1}
+# Data movement that copies (np.tile, np.concatenate, data * ones): output shape
+# computed here, element by the old path on one-element inputs.
+_COPIES = {"Expand": 8, "Tile": 6, "Concat": 4}
+
+_ATTRIBUTES = {"Cast": {"to", "saturate"}}
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """One element (a 0-d array) repeated over ``shape``."""
+
+    element: np.ndarray
+    shape: tuple[int, ...]
+
+    def one(self, rank: int | None = None) -> np.ndarray:
+        """The element as an array of ones-shape (the given rank, its own by default)."""
+        return self.element.reshape((1,) * (len(self.shape) if rank is None else rank))
+
+    def view(self) -> np.ndarray:
+        return np.broadcast_to(self.element, self.shape)
+
+
+def uniform_of(tensor: ir.TensorProtocol) -> Uniform | None:
+    """``tensor`` as one repeated element, or None. A large tensor is uniform only when
+    it is held as one value: it is never read to find out."""
+    if isinstance(tensor, spill.FillTensor):
+        if tensor.value.dtype not in _PLAIN:
+            return None
+        return Uniform(tensor.value.reshape(-1)[:1].reshape(()), tuple(tensor.dims))
+    raw = tensor.raw if isinstance(tensor, ir.Tensor) else None
+    if isinstance(raw, np.ndarray) and raw.size and not any(raw.strides):
+        if raw.dtype not in _PLAIN or ir.DataType.from_numpy(raw.dtype) != tensor.dtype:
+            return None
+        return Uniform(raw.reshape(-1)[:1].reshape(()).copy(), tuple(raw.shape))
+    if tensor.nbytes >= spill.FILL_MIN_BYTES:
+        return None
+    array = tensor.numpy()
+    if array.size == 0 or array.dtype not in _PLAIN:
+        return None
+    flat = np.ascontiguousarray(array).reshape(-1)
+    # Bitwise: -0.0 is not 0.0, NaN payloads count.
+    bits = flat.view(np.uint8).reshape(flat.size, flat.dtype.itemsize)
+    if not (bits == bits[:1]).all():
+        return None
+    return Uniform(flat[:1].reshape(()).copy(), tuple(array.shape))
+
+
+def uniform_result(
+    node: ir.Node, tensors: list[ir.TensorProtocol | None], opset: int, evaluate: Evaluate
+) -> list[np.ndarray] | None:
+    """``node``'s single output as a stride-0 view of one element when its data inputs
+    are uniform and the output is at least ``FILL_MIN_BYTES``; else None. ``evaluate``
+    is the caller's full-array path (numpy or the reference evaluator)."""
+    op = node.op_type
+    if node.domain != "" or len(node.outputs) != 1 or any(t is None for t in tensors):
+        return None
+    since = _ELEMENTWISE.get(op, _VIEWS.get(op, _COPIES.get(op)))
+    if since is None or opset < since or not tensors:
+        return None
+    if op in _ELEMENTWISE and set(node.attributes) - _ATTRIBUTES.get(op, set()):
+        return None  # view ops hand theirs (perm, axes) to the old path; copies check theirs
+    data_count = 1 if op in _VIEWS or op in ("Expand", "Tile") else len(tensors)
+    data = [uniform_of(t) for t in tensors[:data_count]]  # type: ignore[arg-type]
+    if any(u is None for u in data):
+        return None
+    uniforms: list[Uniform] = data  # type: ignore[assignment]
+    params = [t.numpy() for t in tensors[data_count:]]  # type: ignore[union-attr]
+    if op in _VIEWS:
+        return _view_result(node, uniforms[0], params, evaluate)
+    if op in _ELEMENTWISE:
+        shape = _broadcast(*(u.shape for u in uniforms))
+        if shape is None or not _exact(op, node, uniforms):
+            return None
+        return _one_element_result(node, [u.one(len(shape)) for u in uniforms], shape, evaluate)
+    shaped = _copy_shape(node, uniforms, params)
+    if shaped is None:
+        return None
+    shape, inputs = shaped
+    return _one_element_result(node, inputs, shape, evaluate)
+
+
+def _view_result(
+    node: ir.Node, data: Uniform, params: list[np.ndarray], evaluate: Evaluate
+) -> list[np.ndarray] | None:
+    results = evaluate(node, [data.view(), *params])
+    if results is None or len(results) != 1:
+        return None
+    (result,) = results
+    if result.nbytes < spill.FILL_MIN_BYTES or result.dtype != data.element.dtype:
+        return None  # small: the old path computes it as it always did
+    if any(result.strides):
+        return None  # numpy copied: unexpected, leave it to the old path
+    return [result]
+
+
+def _one_element_result(
+    node: ir.Node, inputs: Arrays, shape: tuple[int, ...], evaluate: Evaluate
+) -> list[np.ndarray] | None:
+    if math.prod(shape) * 8 < spill.FILL_MIN_BYTES:
+        return None  # too small to matter at any item size
+    results = evaluate(node, inputs)
+    if results is None or len(results) != 1:
+        return None
+    (result,) = results
+    if result.dtype not in _PLAIN or result.size == 0:
+        return None
+    if math.prod(shape) * result.dtype.itemsize < spill.FILL_MIN_BYTES:
+        return None
+    if result.ndim != len(shape):
+        return None
+    flat = np.ascontiguousarray(result).reshape(-1)
+    bits = flat.view(np.uint8).reshape(flat.size, flat.dtype.itemsize)
+    if not (bits == bits[:1]).all():
+        return None  # the op is not uniform after all: never guess
+    return [np.broadcast_to(flat[:1].reshape(()), shape)]
+
+
+def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+def _exact(op: str, node: ir.Node, inputs: list[Uniform]) -> bool:
+    """False where one element could differ from the same element of a full array."""
+    if op == "Div" and inputs[0].element.dtype.kind in "iu":
+        x, y = (int(u.element) for u in inputs)
+        info = np.iinfo(inputs[0].element.dtype)
+        return y != 0 and not (y == -1 and x == info.min)
+    if op == "Cast":
+        return _exact_cast(node, inputs[0].element)
+    if op == "Where":
+        return inputs[0].element.dtype == np.bool_
+    if op in _ORDERED and inputs[0].element.dtype.kind == "f":
+        return _order_free(op, [u.element for u in inputs])
+    return True
+
+
+# numpy's loops for a broadcast operand may swap the operands of a commutative ufunc
+# (np.add(x, scalar) computes scalar + x): where IEEE leaves the choice to the order,
+# one element and a full array can disagree.
+_ORDERED = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
+
+
+def _order_free(op: str, elements: list[np.ndarray]) -> bool:
+    """False when the result's bits depend on the operand order: two NaNs of different
+    bits (which one propagates), or Max/Min of equal values of different bits (-0.0
+    and 0.0)."""
+    bits = {e.tobytes() for e in elements}
+    if len(bits) == 1:
+        return True
+    if sum(bool(np.isnan(e)) for e in elements) > 1:
+        return False
+    if op in ("Max", "Min"):
+        values = [e for e in elements if not np.isnan(e)]
+        return all(a.tobytes() == b.tobytes() or a != b for a in values for b in values)
+    return True
+
+
+def _exact_cast(node: ir.Node, element: np.ndarray) -> bool:
+    """Float to integer casts of NaN, infinities or values out of range are undefined
+    in C: numpy's one-element and vectorized loops may disagree. Everything else is
+    exact or correctly rounded."""
+    attr = node.attributes.get("to")
+    if attr is None:
+        return False
+    try:
+        target = ir.DataType(attr.as_int()).numpy()
+    except (TypeError, ValueError):
+        return False
+    if np.dtype(target) not in _PLAIN:
+        return False
+    if element.dtype.kind != "f" or np.dtype(target).kind not in "iub":
+        return True
+    value = float(element)
+    if not math.isfinite(value):
+        return False
+    if np.dtype(target).kind == "b":
+        return True
+    info = np.iinfo(target)
+    return info.min <= math.trunc(value) <= info.max
+
+
+def _copy_shape(
+    node: ir.Node, data: list[Uniform], params: list[np.ndarray]
+) -> tuple[tuple[int, ...], Arrays] | None:
+    """Output shape of Expand, Tile or Concat and their one-element inputs, or None."""
+    op = node.op_type
+    if op == "Concat":
+        return _concat_shape(node, data)
+    (param,) = params if len(params) == 1 else (None,)
+    if param is None or param.dtype != np.int64 or param.ndim != 1 or (param < 0).any():
+        return None
+    (source,) = data
+    values = tuple(int(v) for v in param)
+    ones = np.ones(len(values), dtype=np.int64)
+    if op == "Expand":
+        # data * ones(shape): numpy's broadcasting, as the reference evaluator computes it.
+        shape = _broadcast(source.shape, values)
+        if shape is None:
+            return None
+        return shape, [source.one(), ones]
+    if node.attributes or len(values) != len(source.shape):
+        return None  # Tile's repeats must match the rank (np.tile would pad instead)
+    return tuple(d * r for d, r in zip(source.shape, values)), [source.one(), ones]
+
+
+def _concat_shape(node: ir.Node, data: list[Uniform]) -> tuple[tuple[int, ...], Arrays] | None:
+    attr = node.attributes.get("axis")
+    if attr is None or set(node.attributes) != {"axis"}:
+        return None
+    first = data[0]
+    rank = len(first.shape)
+    axis = attr.as_int()
+    if rank == 0 or not -rank <= axis < rank:
+        return None
+    axis %= rank
+    for part in data:
+        if len(part.shape) != rank or part.element.dtype != first.element.dtype:
+            return None
+        if part.element.tobytes() != first.element.tobytes():
+            return None  # parts of different values: not one fill
+        if any(d != f for k, (d, f) in enumerate(zip(part.shape, first.shape)) if k != axis):
+            return None
+    shape = list(first.shape)
+    shape[axis] = sum(part.shape[axis] for part in data)
+    return tuple(shape), [part.one() for part in data]
