@@ -25,6 +25,7 @@ from onnxfuse.naming import subgraphs
 # the model's weights several times over (proto, bytes, onnx's parsed copy, its result).
 _INFERENCE_DATA_LIMIT = 1024
 _PLACEHOLDER = "onnxfuse-inference-placeholder"
+_VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
 
 
 def infer_node(node: ir.Node, opset: int) -> None:
@@ -75,6 +76,51 @@ def infer_node(node: ir.Node, opset: int) -> None:
             output.shape = ir.serde.deserialize_type_proto_for_shape(type_proto)
         except Exception:  # an inferred type the IR cannot hold: leave it unknown
             continue
+
+
+def schema_dtypes(node: ir.Node, opset: int) -> list[ir.DataType | None]:
+    """Each output's element type as the op's type constraints fix it from its inputs'
+    types (None where they do not): inference's answer for the types alone, without
+    onnx's per-node cost."""
+    if node.domain == "" and node.op_type == "Cast":
+        to = node.attributes.get("to")
+        return [ir.DataType(to.as_int()) if to is not None else None] * len(node.outputs)
+    schema = schemas.get_schema(node.domain, node.op_type, opset)
+    if schema is None:
+        return [None] * len(node.outputs)
+    bound: dict[str, ir.DataType] = {}
+    formals = schema.inputs
+    for index, value in enumerate(node.inputs):
+        if not formals or value is None or value.dtype is None:
+            continue
+        formal = formals[min(index, len(formals) - 1)]
+        if (
+            index >= len(formals)
+            and formal.option != onnx.defs.OpSchema.FormalParameterOption.Variadic
+        ):
+            continue
+        bound.setdefault(formal.type_str, value.dtype)
+    single = {
+        c.type_param_str: c.allowed_type_strs[0]
+        for c in schema.type_constraints
+        if len(c.allowed_type_strs) == 1
+    }
+    found: list[ir.DataType | None] = []
+    for index in range(len(node.outputs)):
+        if index >= len(schema.outputs):
+            found.append(None)
+            continue
+        type_str = schema.outputs[index].type_str
+        fixed = bound.get(type_str) or _tensor_type(single.get(type_str, type_str))
+        found.append(fixed)
+    return found
+
+
+def _tensor_type(type_str: str) -> ir.DataType | None:
+    """``tensor(float)`` -> FLOAT; None for anything else (a type variable, a sequence)."""
+    if not type_str.startswith("tensor(") or not type_str.endswith(")"):
+        return None
+    return ir.DataType.__members__.get(type_str[7:-1].upper())
 
 
 def infer_shapes(model: ir.Model) -> None:

@@ -16,7 +16,7 @@ from onnxfuse.infer import infer_shapes
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.matcher import Match, Matcher, ModelContext
 from onnxfuse.naming import NameSource, all_graphs, region_hash, subgraphs
-from onnxfuse.rewrite import Blocked, apply_match
+from onnxfuse.rewrite import Blocked, apply_match, fold_and_type
 from onnxfuse.targets import Target
 
 DEFAULT_MAX_ITERATIONS = 10
@@ -271,7 +271,7 @@ class _Driver:
             self.states[state] = len(self.history) - 1
         self._add_opset_imports(match.rule, created)
         self.report.rewrites += 1
-        return self.folder.fold_nodes(created)
+        return fold_and_type(created, context, self.folder.fold_nodes)
 
     def _add_opset_imports(self, rule: Rule, created: list[ir.Node]) -> None:
         owner = self._owner(created[0].graph) if created else None

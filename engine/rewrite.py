@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxfuse.infer import infer_node
+from onnxfuse.infer import infer_node, schema_dtypes
 from onnxfuse.language import schemas
+from onnxfuse.language.guards import constant_tensor
 from onnxfuse.language.pattern import AttrLiteral
 from onnxfuse.matcher import ABSENT, Match, ModelContext
 from onnxfuse.naming import NameSource
@@ -20,7 +22,9 @@ class Blocked(Exception):
 
 
 def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[ir.Node]:
-    """Rewrite the matched nodes into the rule's target; return the new nodes."""
+    """Rewrite the matched nodes into the rule's target; return the new nodes, their
+    outputs typed only where they replace typed values (``type_created`` does the rest,
+    once constant computations are folded)."""
     anchor = match.nodes[0]
     for node in match.nodes:
         if node is match.outputs[0].producer():
@@ -62,8 +66,6 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
                 env[pvalue.name] = output
         created.append(node)
     graph.insert_before(anchor, created)
-    for node in created:
-        infer_node(node, context.opset(node.domain))
 
     for old, pvalue in zip(match.outputs, target.outputs):
         new = env[pvalue.name]
@@ -76,6 +78,37 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
         old.replace_all_uses_with(new, replace_graph_outputs=True)
     _remove_match(match, graph)
     return created
+
+
+def fold_and_type(
+    created: list[ir.Node], context: ModelContext, fold: Callable[[list[ir.Node]], list[ir.Node]]
+) -> list[ir.Node]:
+    """Fold the new nodes that compute on constants only (``fold``), then infer the
+    types and shapes of those left: inferring a node about to fold is wasted (most
+    nodes of a weight-folding rule), and the others see exact initializer shapes."""
+    constant: set[int] = set()
+    guessed: list[ir.Value] = []
+    for node in created:
+        if node.domain != "" or not all(
+            v is None or id(v) in constant or constant_tensor(v, context.ir_version) is not None
+            for v in node.inputs
+        ):
+            continue
+        constant.update(id(o) for o in node.outputs)
+        # The folder checks a result's element type against its value's: give it the
+        # type the op's constraints fix.
+        for output, dtype in zip(node.outputs, schema_dtypes(node, context.opset(""))):
+            if output.type is None and dtype is not None:
+                output.type = ir.TensorType(dtype)
+                guessed.append(output)
+    remaining = fold(created)
+    kept = {id(n) for n in remaining}
+    for output in guessed:
+        if id(output.producer()) in kept:
+            output.type = None  # not folded after all: inferred whole below
+    for node in remaining:
+        infer_node(node, context.opset(node.domain))
+    return remaining
 
 
 def _remove_match(match: Match, graph: ir.Graph) -> None:

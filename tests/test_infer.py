@@ -1,0 +1,49 @@
+"""Per-node type inference: the schema-only answer agrees with onnx's inference."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+import pytest
+
+from onnxfuse.infer import infer_node, schema_dtypes
+
+F, I64, B, F16 = ir.DataType.FLOAT, ir.DataType.INT64, ir.DataType.BOOL, ir.DataType.FLOAT16
+
+CASES = [
+    ("Add", [F, F], {}),
+    ("Div", [F16, F16], {}),
+    ("Sqrt", [F], {}),
+    ("Equal", [I64, I64], {}),
+    ("Shape", [F], {}),
+    ("Reshape", [F, I64], {}),
+    ("Concat", [F, F, F], {"axis": ir.AttrInt64("axis", 0)}),
+    ("Cast", [F], {"to": ir.AttrInt64("to", int(I64))}),
+    ("Cast", [I64], {"to": ir.AttrInt64("to", int(F16))}),
+    ("Where", [B, F, F], {}),
+    ("Sum", [F, F, F], {}),
+    ("Not", [B], {}),
+    ("Size", [F16], {}),
+    ("Range", [I64, I64, I64], {}),
+    ("ConstantOfShape", [I64], {}),
+]
+
+
+@pytest.mark.parametrize(("op", "dtypes", "attributes"), CASES, ids=[c[0] for c in CASES])
+def test_schema_dtypes_match_onnx_inference(op, dtypes, attributes):
+    inputs = [
+        ir.Value(name=f"i{k}", type=ir.TensorType(dtype), shape=ir.Shape([2]))
+        for k, dtype in enumerate(dtypes)
+    ]
+    node = ir.Node("", op, inputs, list(attributes.values()), num_outputs=1)
+    node.outputs[0].name = "y"
+    guessed = schema_dtypes(node, 18)
+    infer_node(node, 18)
+    # ConstantOfShape's type comes from an attribute's value, not from a constraint.
+    assert guessed == [None if op == "ConstantOfShape" else node.outputs[0].dtype]
+
+
+def test_schema_dtypes_leave_what_the_inputs_do_not_fix_unknown():
+    untyped = ir.Value(name="x")
+    assert schema_dtypes(ir.Node("", "Relu", [untyped], num_outputs=1), 18) == [None]
+    unknown_op = ir.Node("com.example", "Mystery", [untyped], num_outputs=1)
+    assert schema_dtypes(unknown_op, 18) == [None]
