@@ -167,8 +167,12 @@ def _view_result(
     if results is None or len(results) != 1:
         return None
     (result,) = results
-    if result.nbytes < spill.FILL_MIN_BYTES or result.dtype != data.element.dtype:
-        return None  # small: the old path computes it as it always did
+    if result.dtype != data.element.dtype:
+        return None
+    if result.nbytes < spill.FILL_MIN_BYTES:
+        # Small (e.g. one row of a large fill): the same elements, made without
+        # building the whole input.
+        return [np.ascontiguousarray(result)]
     if any(result.strides):
         return None  # numpy copied: unexpected, leave it to the old path
     return [result]
