@@ -119,11 +119,18 @@ def uniform_of(tensor: ir.TensorProtocol) -> Uniform | None:
     if array.size == 0 or array.dtype not in _PLAIN:
         return None
     flat = np.ascontiguousarray(array).reshape(-1)
-    # Bitwise: -0.0 is not 0.0, NaN payloads count.
-    bits = flat.view(np.uint8).reshape(flat.size, flat.dtype.itemsize)
-    if not (bits == bits[:1]).all():
+    if not _one_value(flat):
         return None
     return Uniform(flat[:1].reshape(()).copy(), tuple(array.shape))
+
+
+def _one_value(flat: np.ndarray) -> bool:
+    """All elements of a 1-D contiguous array bitwise equal: -0.0 is not 0.0, NaN
+    payloads count."""
+    if flat.size <= 1:
+        return True
+    bits = flat.view(f"u{flat.dtype.itemsize}")
+    return bool((bits == bits[0]).all())
 
 
 def uniform_result(
@@ -194,8 +201,7 @@ def _one_element_result(
     if result.ndim != len(shape):
         return None
     flat = np.ascontiguousarray(result).reshape(-1)
-    bits = flat.view(np.uint8).reshape(flat.size, flat.dtype.itemsize)
-    if not (bits == bits[:1]).all():
+    if not _one_value(flat):
         return None  # the op is not uniform after all: never guess
     return [np.broadcast_to(flat[:1].reshape(()), shape)]
 
