@@ -34,6 +34,13 @@ _CONSTANT_RTOL = {
 }
 _MAX_PERMUTED_INPUTS = 5
 
+# could_match's memo: (structure number, id(graph node)) -> whether it fits.
+StructureMemo = dict[tuple[int, int], bool]
+_Needs = tuple[int, str, str, list[list[tuple[int, "PatternNode | None", int]]]]
+# Pattern-node structures seen by any matcher, numbered (hash-consed): rules that need
+# the same structure below a node share its check.
+_STRUCTURE_KEYS: dict[tuple[Any, ...], int] = {}
+
 
 @dataclass(frozen=True)
 class ModelContext:
@@ -85,7 +92,7 @@ class Matcher:
         self._progress = self._failure_progress = 0
         self._orders: dict[int, list[list[PatternValue | None]]] = {}  # by id(pattern node)
         self._anchors = [source.anchor for source in rule.sources]
-        self._needs: dict[int, tuple[str, str, list]] = {}  # by id(pattern node)
+        self._needs: dict[int, _Needs] = {}  # by id(pattern node)
         # Pattern nodes that accept any further attributes, which the target copies.
         self.open_nodes: dict[int, str] = {}
         for source_name, target_name in rule.copy_attributes.items():
@@ -118,69 +125,76 @@ class Matcher:
                 return False
         return True
 
-    def could_match(self, node: ir.Node) -> bool:
+    def could_match(self, node: ir.Node, memo: StructureMemo | None = None) -> bool:
         """A cheap necessary condition for ``match(node)``: the op types, constants and
         output positions below some source's anchor are there, however variables bind.
         Most nodes a rule is tried on fail here; callers that need no failure message
-        skip ``match`` for them."""
-        memo: dict[tuple[int, int], bool] = {}
+        skip ``match`` for them. ``memo`` may be shared by the rules tried on one node
+        while the graph does not change: equal pattern structures are checked once."""
+        memo = {} if memo is None else memo
         return any(self._structure_fits(anchor, node, memo) for anchor in self._anchors)
 
-    def _structure_fits(
-        self, pnode: PatternNode, node: ir.Node, memo: dict[tuple[int, int], bool]
-    ) -> bool:
-        seen = (id(pnode), id(node))
+    def _structure_fits(self, pnode: PatternNode, node: ir.Node, memo: StructureMemo) -> bool:
+        # The hottest loop of a run (every rule at every node it anchors on): plain
+        # loops, no generators.
+        needs = self._needs.get(id(pnode))
+        if needs is None:
+            needs = self._structure(pnode)
+        key, domain, op_type, orders = needs
+        seen = (key, id(node))
         found = memo.get(seen)
         if found is not None:
             return found
-        needs = self._needs.get(id(pnode))
-        if needs is None:
-            needs = self._needs[id(pnode)] = self._structure(pnode)
-        domain, op_type, orders = needs
         found = False
         if node.op_type == op_type and node.domain == domain:
             inputs = node.inputs
-            found = any(self._inputs_fit(order, inputs, memo) for order in orders)
+            count = len(inputs)
+            for order in orders:
+                for position, producer_pattern, output_index in order:
+                    value = inputs[position] if position < count else None
+                    if value is None:
+                        break
+                    if producer_pattern is None:  # a constant
+                        if constant_tensor(value, self.context.ir_version) is None:
+                            break
+                        continue
+                    producer = value.producer()
+                    if (
+                        producer is None
+                        or value.index() != output_index
+                        or not self._structure_fits(producer_pattern, producer, memo)
+                    ):
+                        break
+                else:
+                    found = True
+                    break
         memo[seen] = found
         return found
 
-    def _inputs_fit(
-        self,
-        order: list[tuple[int, PatternNode | None, int]],
-        inputs: Sequence[ir.Value | None],
-        memo: dict[tuple[int, int], bool],
-    ) -> bool:
-        for position, producer_pattern, output_index in order:
-            value = inputs[position] if position < len(inputs) else None
-            if value is None:
-                return False
-            if producer_pattern is None:  # a constant
-                if constant_tensor(value, self.context.ir_version) is None:
-                    return False
-                continue
-            producer = value.producer()
-            if (
-                producer is None
-                or value.index() != output_index
-                or not self._structure_fits(producer_pattern, producer, memo)
-            ):
-                return False
-        return True
-
-    def _structure(
-        self, pnode: PatternNode
-    ) -> tuple[str, str, list[list[tuple[int, PatternNode | None, int]]]]:
+    def _structure(self, pnode: PatternNode) -> _Needs:
         """What ``could_match`` checks at ``pnode``, per input order: (position, producer
-        pattern node or None for a constant, output index) of each non-variable input."""
+        pattern node or None for a constant, output index) of each non-variable input;
+        first, a number naming that structure (equal for equal structures of any rule)."""
         orders = []
+        shape = []
         for order in self._input_orders(pnode):
             needs = []
             for position, pvalue in enumerate(order):
                 if pvalue is None or pvalue.kind == "input":
                     continue
-                needs.append((position, pvalue.producer, pvalue.output_index))
+                producer = pvalue.producer
+                below = None if producer is None else self._needs_of(producer)[0]
+                needs.append((position, producer, pvalue.output_index))
+                shape.append((position, below, pvalue.output_index))
             orders.append(needs)
-        return pnode.domain, pnode.op_type, orders
+            shape.append(None)  # ends an order
+        signature = (pnode.domain, pnode.op_type, tuple(shape))
+        key = _STRUCTURE_KEYS.setdefault(signature, len(_STRUCTURE_KEYS))
+        found = self._needs[id(pnode)] = (key, pnode.domain, pnode.op_type, orders)
+        return found
+
+    def _needs_of(self, pnode: PatternNode) -> _Needs:
+        return self._needs.get(id(pnode)) or self._structure(pnode)
 
     def match(self, node: ir.Node) -> Match | None:
         self.failure = None

@@ -14,7 +14,7 @@ from onnxfuse.errors import InvariantError
 from onnxfuse.folding import DEFAULT_FOLD_LIMIT_BYTES, FoldContext, Folder
 from onnxfuse.infer import infer_shapes
 from onnxfuse.language.rule import PHASES, Rule
-from onnxfuse.matcher import Match, Matcher, ModelContext
+from onnxfuse.matcher import Match, Matcher, ModelContext, StructureMemo
 from onnxfuse.naming import NameSource, all_graphs, region_hash, subgraphs
 from onnxfuse.rewrite import Blocked, apply_match, fold_and_type
 from onnxfuse.targets import Target
@@ -212,11 +212,12 @@ class _Driver:
             queued.discard(id(node))
             if node.graph is not graph:
                 continue
+            structures: StructureMemo = {}  # shared by the rules tried here (no rewrite yet)
             for rule in self.by_anchor.get((node.domain, node.op_type), ()):
                 matcher = matchers.get(id(rule))
                 if matcher is None:
                     matcher = matchers[id(rule)] = made.get(rule, context)
-                if not matcher.could_match(node):
+                if not matcher.could_match(node, structures):
                     continue  # match() would fail too
                 stats = self.report.rules[rule.name]
                 started = time.perf_counter()
