@@ -8,7 +8,6 @@ every order by backtracking, so a rule is never copied per input order.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,14 +31,9 @@ _CONSTANT_RTOL = {
     ir.DataType.BFLOAT16: 1e-2,
     ir.DataType.DOUBLE: 1e-12,
 }
-_MAX_PERMUTED_INPUTS = 5
 
-# could_match's memo: (structure number, id(graph node)) -> whether it fits.
+# could_match's memo: (pattern structure number, id(graph node)) -> whether it fits.
 StructureMemo = dict[tuple[int, int], bool]
-_Needs = tuple[int, str, str, list[list[tuple[int, "PatternNode | None", int]]]]
-# Pattern-node structures seen by any matcher, numbered (hash-consed): rules that need
-# the same structure below a node share its check.
-_STRUCTURE_KEYS: dict[tuple[Any, ...], int] = {}
 
 
 @dataclass(frozen=True)
@@ -90,9 +84,7 @@ class Matcher:
         self.target = target
         self.failure: str | None = None
         self._progress = self._failure_progress = 0
-        self._orders: dict[int, list[list[PatternValue | None]]] = {}  # by id(pattern node)
         self._anchors = [source.anchor for source in rule.sources]
-        self._needs: dict[int, _Needs] = {}  # by id(pattern node)
         # Pattern nodes that accept any further attributes, which the target copies.
         self.open_nodes: dict[int, str] = {}
         for source_name, target_name in rule.copy_attributes.items():
@@ -137,16 +129,13 @@ class Matcher:
     def _structure_fits(self, pnode: PatternNode, node: ir.Node, memo: StructureMemo) -> bool:
         # The hottest loop of a run (every rule at every node it anchors on): plain
         # loops, no generators.
-        needs = self._needs.get(id(pnode))
-        if needs is None:
-            needs = self._structure(pnode)
-        key, domain, op_type, orders = needs
-        seen = (key, id(node))
+        number, orders = pnode.structure
+        seen = (number, id(node))
         found = memo.get(seen)
         if found is not None:
             return found
         found = False
-        if node.op_type == op_type and node.domain == domain:
+        if node.op_type == pnode.op_type and node.domain == pnode.domain:
             inputs = node.inputs
             count = len(inputs)
             for order in orders:
@@ -170,31 +159,6 @@ class Matcher:
                     break
         memo[seen] = found
         return found
-
-    def _structure(self, pnode: PatternNode) -> _Needs:
-        """What ``could_match`` checks at ``pnode``, per input order: (position, producer
-        pattern node or None for a constant, output index) of each non-variable input;
-        first, a number naming that structure (equal for equal structures of any rule)."""
-        orders = []
-        shape = []
-        for order in self._input_orders(pnode):
-            needs = []
-            for position, pvalue in enumerate(order):
-                if pvalue is None or pvalue.kind == "input":
-                    continue
-                producer = pvalue.producer
-                below = None if producer is None else self._needs_of(producer)[0]
-                needs.append((position, producer, pvalue.output_index))
-                shape.append((position, below, pvalue.output_index))
-            orders.append(needs)
-            shape.append(None)  # ends an order
-        signature = (pnode.domain, pnode.op_type, tuple(shape))
-        key = _STRUCTURE_KEYS.setdefault(signature, len(_STRUCTURE_KEYS))
-        found = self._needs[id(pnode)] = (key, pnode.domain, pnode.op_type, orders)
-        return found
-
-    def _needs_of(self, pnode: PatternNode) -> _Needs:
-        return self._needs.get(id(pnode)) or self._structure(pnode)
 
     def match(self, node: ir.Node) -> Match | None:
         self.failure = None
@@ -275,7 +239,7 @@ class Matcher:
         state.claimed[id(node)] = pnode.index
         graph_inputs = list(node.inputs)
         width = max(len(pnode.inputs), len(graph_inputs))
-        orders = self._input_orders(pnode)
+        orders = pnode.input_orders
         if len(orders) > 1:
             # Try only the orders whose inputs could match at a glance; when none could,
             # the first one still runs, so the failure is reported where it happens.
@@ -287,20 +251,6 @@ class Matcher:
                 gvalue = graph_inputs[position] if position < len(graph_inputs) else None
                 pairs.append((pvalue, gvalue, position))
             yield from self._match_pairs(pnode, pairs, state, graph)
-
-    def _input_orders(self, pnode: PatternNode) -> list[list[PatternValue | None]]:
-        cached = self._orders.get(id(pnode))
-        if cached is not None:
-            return cached
-        orders: list[list[PatternValue | None]] = [pnode.inputs]
-        if pnode.commutative and 1 < len(pnode.inputs) <= _MAX_PERMUTED_INPUTS:
-            orders = []
-            for order in itertools.permutations(pnode.inputs):
-                candidate = list(order)
-                if not any(all(a is b for a, b in zip(candidate, seen)) for seen in orders):
-                    orders.append(candidate)
-        self._orders[id(pnode)] = orders
-        return orders
 
     def _plausible(
         self, order: list[PatternValue | None], graph_inputs: Sequence[ir.Value | None]

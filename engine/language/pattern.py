@@ -8,7 +8,9 @@ produce a ``FunctionProto``; ``compile_function`` is the single compiler.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,17 @@ from onnx import helper, numpy_helper
 COMMUTATIVE_OPS = frozenset(
     {("", op) for op in ("Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal")}
 )
+
+# A commutative node's inputs are tried in every order up to this many inputs.
+_MAX_PERMUTED_INPUTS = 5
+
+# Pattern-node structures, numbered (hash-consed): equal structures of any rules get
+# one number, so a check of one at a graph node serves them all.
+_STRUCTURE_NUMBERS: dict[tuple[Any, ...], int] = {}
+
+# Per input order, the non-variable inputs: (position, producer pattern node or None
+# for a constant, output index).
+Requirements = list[list[tuple[int, "PatternNode | None", int]]]
 
 # A Constant-node attribute that holds a single value, as opposed to a tensor.
 _SCALAR_CONSTANT_ATTRS = ("value_float", "value_int", "value_string")
@@ -72,6 +85,40 @@ class PatternNode:
     @property
     def key(self) -> tuple[str, str]:
         return (self.domain, self.op_type)
+
+    @cached_property
+    def input_orders(self) -> list[list[PatternValue | None]]:
+        """The input orders the matcher tries: each distinct permutation of a
+        commutative node's inputs (up to five inputs), else the written order."""
+        if not self.commutative or not 1 < len(self.inputs) <= _MAX_PERMUTED_INPUTS:
+            return [self.inputs]
+        orders: list[list[PatternValue | None]] = []
+        for order in itertools.permutations(self.inputs):
+            candidate = list(order)
+            if not any(all(a is b for a, b in zip(candidate, seen)) for seen in orders):
+                orders.append(candidate)
+        return orders
+
+    @cached_property
+    def structure(self) -> tuple[int, Requirements]:
+        """What must be below this node, whatever the variables bind to: the op types,
+        constants and output positions of its inputs' producers, per input order; with
+        a number naming that structure (equal structures, equal numbers)."""
+        requirements: Requirements = []
+        signature: list[Any] = [self.domain, self.op_type]
+        for order in self.input_orders:
+            needs = []
+            for position, pvalue in enumerate(order):
+                if pvalue is None or pvalue.kind == "input":
+                    continue
+                producer = pvalue.producer
+                below = None if producer is None else producer.structure[0]
+                needs.append((position, producer, pvalue.output_index))
+                signature.append((position, below, pvalue.output_index))
+            requirements.append(needs)
+            signature.append(None)  # ends an order
+        number = _STRUCTURE_NUMBERS.setdefault(tuple(signature), len(_STRUCTURE_NUMBERS))
+        return number, requirements
 
     def describe(self) -> str:
         op = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
