@@ -7,12 +7,19 @@ only the rest of the model is serialized. The file's bytes are the ones ``ir.sav
 writes: protobuf encodes a message as its set fields in field-number order, each
 as tag, length and bytes, so a message is the concatenation of its parts
 (``tests/test_model_writer.py`` compares the two on real models).
+
+Loading leaves the raw data of a model's large main-graph initializers in the file
+(``split_weights``, ``SourceTensor``): protobuf parses only the rest, and the writer
+copies those still unchanged file to file.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 import sys
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import onnx_ir as ir
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from onnxfuse.spill import FillTensor
 
@@ -34,7 +41,15 @@ _MODEL_GRAPH = 7
 _GRAPH_INITIALIZER = 5
 _TENSOR_RAW_DATA = 9
 _TENSOR_NAME = 8
+_TENSOR_DIMS = 1
+_TENSOR_DATA_TYPE = 2
+_TENSOR_DOC_STRING = 12
 _LENGTH_DELIMITED = 2
+# The fields a TensorProto left in the file may have besides raw_data: the ones onnx_ir
+# writes for an in-memory tensor without metadata.
+_STUB_FIELDS = frozenset({_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME, _TENSOR_DOC_STRING})
+# protobuf refuses messages this large; such files are left to it (and its error).
+_PROTOBUF_LIMIT = (1 << 31) - 1
 
 # Dtypes whose bytes are the array's own (no 2-, 4- or 6-bit packing; strings apart).
 _PLAIN = frozenset(
@@ -64,6 +79,7 @@ class _FileRange:
 
     offset: int
     nbytes: int
+    fd: int | None = None  # a SourceTensor's own file; None: the model's source file
 
 
 Buffer = bytes | memoryview
@@ -132,7 +148,10 @@ def write_model(
             if tensor is None:
                 entries.append([serialized.SerializeToString()])
                 continue
-            found = _source_range(tensor, source, source_fd)
+            if isinstance(tensor, SourceTensor):
+                found = tensor.file_range()
+            else:
+                found = _source_range(tensor, source, source_fd)
             entries.append([found] if found is not None else _tensor(tensor))
         graph_parts: list[Part] = [_part(graph, 0, _GRAPH_INITIALIZER)]
         for entry in entries:
@@ -144,9 +163,10 @@ def write_model(
         with open(path, "wb") as file:
             for part in parts:
                 if isinstance(part, _FileRange):
-                    assert source_fd is not None
+                    from_fd = source_fd if part.fd is None else part.fd
+                    assert from_fd is not None
                     file.flush()
-                    _copy_range(source_fd, file.fileno(), part)
+                    _copy_range(from_fd, file.fileno(), part)
                 else:
                     file.write(part)
 
@@ -231,7 +251,7 @@ def _tensor(tensor: ir.TensorProtocol) -> list[Buffer]:
             return [ir.serde.serialize_tensor(tensor).SerializeToString()]
         return [tensor.raw.SerializeToString()]  # what CopyFrom(raw) serializes to
     if (
-        type(tensor) not in (ir.Tensor, FillTensor)
+        type(tensor) not in (ir.Tensor, FillTensor, SourceTensor)
         or tensor.dtype not in _PLAIN
         or tensor.doc_string
         or tensor.metadata_props
@@ -299,19 +319,49 @@ def _varint(value: int) -> bytes:
 # -- where a loaded model's initializers are in its file ----------------------------------
 
 
-def initializer_ranges(data: memoryview) -> dict[str, tuple[int, int, int, int]]:
+@dataclass(frozen=True)
+class GraphScan:
+    """Where a serialized ModelProto's one main graph and its initializers lie: the graph
+    field (its tag) and value, and each initializer's (field start, value start, end)."""
+
+    field_start: int
+    start: int
+    end: int
+    initializers: list[tuple[int, int, int]]
+
+
+def scan_graph(data: memoryview) -> GraphScan | None:
+    """The main graph of the serialized ModelProto ``data`` and its initializers; None
+    for anything unexpected (no graph or two, a malformed message)."""
+    try:
+        graphs = [f for f in _wire_fields_at(data, 0, len(data)) if f[0] == _MODEL_GRAPH]
+        if len(graphs) != 1 or graphs[0][1] != _LENGTH_DELIMITED:
+            return None
+        _, _, field_start, start, end = graphs[0]
+        initializers = [
+            (at, a, b)
+            for number, wire, at, a, b in _wire_fields_at(data, start, end)
+            if number == _GRAPH_INITIALIZER and wire == _LENGTH_DELIMITED
+        ]
+    except (ValueError, IndexError):
+        return None
+    return GraphScan(field_start, start, end, initializers)
+
+
+def initializer_ranges(
+    data: memoryview, scan: GraphScan | None = None
+) -> dict[str, tuple[int, int, int, int]]:
     """For each main-graph initializer of the serialized ModelProto ``data`` whose
     TensorProto holds one raw_data field: its name -> (start, length, raw_data start,
-    raw_data length). Names seen twice are left out; anything unexpected gives {}."""
+    raw_data length). Names seen twice are left out; anything unexpected gives {}.
+    ``scan``: ``scan_graph(data)``, if the caller has it."""
+    scan = scan or scan_graph(data)
+    if scan is None:
+        return {}
+    found: dict[str, tuple[int, int, int, int]] = {}
+    twice: set[str] = set()
     try:
-        graphs = [(a, b) for n, w, a, b in _wire_fields(data, 0, len(data)) if n == _MODEL_GRAPH]
-        if len(graphs) != 1 or graphs[0][0] < 0:
-            return {}
-        found: dict[str, tuple[int, int, int, int]] = {}
-        twice: set[str] = set()
-        for number, _, start, end in _wire_fields(data, *graphs[0]):
-            if number != _GRAPH_INITIALIZER or start < 0:
-                continue
+        for _, start, end in scan.initializers:
             names, raws = [], []
             for field, _, a, b in _wire_fields(data, start, end):
                 if field == _TENSOR_NAME:
@@ -349,19 +399,39 @@ def remember_source(
 def _wire_fields(data: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
     """The fields of the protobuf message in ``data[start:end]``: (number, wire type,
     value start, value end); the value of a non-length-delimited field is (-1, -1)."""
+    for number, wire, _, value_start, value_end in _wire_fields_at(data, start, end):
+        yield number, wire, value_start, value_end
+
+
+def _wire_fields_at(
+    data: memoryview, start: int, end: int
+) -> Iterator[tuple[int, int, int, int, int]]:
+    """``_wire_fields`` with where each field (its tag) starts: (number, wire type,
+    field start, value start, value end)."""
     position = start
     while position < end:
-        key, position = _read_varint(data, position)
+        field_start = position
+        key = data[position]  # one-byte keys and lengths inline: the walk is per field
+        if key < 0x80:
+            position += 1
+        else:
+            key, position = _read_varint(data, position)
         number, wire = key >> 3, key & 7
         if wire == 0:
             _, position = _read_varint(data, position)
-            yield number, wire, -1, -1
+            yield number, wire, field_start, -1, -1
         elif wire == 1 or wire == 5:
             position += 8 if wire == 1 else 4
-            yield number, wire, -1, -1
+            yield number, wire, field_start, -1, -1
         elif wire == _LENGTH_DELIMITED:
-            length, position = _read_varint(data, position)
-            yield number, wire, position, position + length
+            length = data[position]
+            if length < 0x80:
+                position += 1
+            else:
+                length, position = _read_varint(data, position)
+            if position + length > end:
+                raise ValueError("field overruns its message")
+            yield number, wire, field_start, position, position + length
             position += length
         else:
             raise ValueError(f"wire type {wire}")
@@ -380,3 +450,200 @@ def _read_varint(data: memoryview, position: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise ValueError("varint too long")
+
+
+# -- weights left in the file at load ------------------------------------------------------
+
+# Initializers whose raw data is this large are left in the file (``split_weights``).
+LAZY_MIN_BYTES = 64 * 1024
+
+# Whole-byte element types: the bytes a raw_data field needs follow from the shape.
+_ITEMSIZE = {dtype.value: int(dtype.itemsize) for dtype in _PLAIN}
+
+
+@dataclass(frozen=True)
+class LazyEntry:
+    """A main-graph initializer whose raw data ``split_weights`` left out: its TensorProto's
+    fields but raw_data, and where it and its raw data lie in the file."""
+
+    name: str
+    data_type: int
+    dims: tuple[int, ...]
+    doc_string: str
+    start: int  # the TensorProto's bytes (the initializer field's value)
+    length: int
+    raw_start: int  # the raw data's bytes
+    raw_length: int
+
+
+def split_weights(
+    data: memoryview, min_bytes: int = LAZY_MIN_BYTES, scan: GraphScan | None = None
+) -> tuple[bytearray, dict[str, LazyEntry]] | None:
+    """The serialized ModelProto ``data`` without the raw data of its main-graph
+    initializers of ``min_bytes`` or more, and those initializers by name; None when
+    there is none (or anything unexpected: parse ``data`` itself, and get protobuf's
+    verdict on it). Only tensors whose bytes are exactly what onnx_ir writes for them
+    are left out: a plain element type, raw data of exactly the size the shape needs,
+    and besides it only a name, dims, data type and doc string, in protobuf's order.
+    Whatever else stays in the copy, as protobuf would parse it. ``scan``:
+    ``scan_graph(data)``, if the caller has it."""
+    if sys.byteorder != "little" or len(data) > _PROTOBUF_LIMIT:
+        return None
+    scan = scan or scan_graph(data)
+    if scan is None:
+        return None
+    found: dict[str, tuple[int, LazyEntry, bytes]] = {}
+    names: list[str] = []
+    try:
+        for field_start, start, end in scan.initializers:
+            entry = _lazy_entry(data, start, end, min_bytes, names)
+            if entry is not None:
+                found[entry[0].name] = (field_start, *entry)
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+    for name in {n for n in names if names.count(n) > 1} & found.keys():
+        del found[name]  # names seen twice: left to protobuf and onnx_ir
+    if not found:
+        return None
+    body = bytearray()
+    position = scan.start
+    for field_start, entry, stub in sorted(found.values(), key=lambda item: item[0]):
+        body += data[position:field_start]
+        body += _varint(_GRAPH_INITIALIZER << 3 | _LENGTH_DELIMITED) + _varint(len(stub))
+        body += stub
+        position = entry.start + entry.length
+    body += data[position : scan.end]
+    model = bytearray(data[: scan.field_start])
+    model += _varint(_MODEL_GRAPH << 3 | _LENGTH_DELIMITED) + _varint(len(body))
+    model += body
+    model += data[scan.end :]
+    return model, {entry.name: entry for _, entry, _ in found.values()}
+
+
+def _lazy_entry(
+    data: memoryview, start: int, end: int, min_bytes: int, names: list[str]
+) -> tuple[LazyEntry, bytes] | None:
+    """The initializer TensorProto in ``data[start:end]`` as a LazyEntry and its bytes but
+    the raw data field, if it can be left in the file (see ``split_weights``). Appends its
+    name, if it has one, to ``names``."""
+    fields = list(_wire_fields_at(data, start, end))
+    named = [f for f in fields if f[0] == _TENSOR_NAME]
+    if len(named) == 1:
+        names.append(bytes(data[named[0][3] : named[0][4]]).decode())
+    raws = [f for f in fields if f[0] == _TENSOR_RAW_DATA]
+    if (
+        len(named) != 1
+        or len(raws) != 1
+        or raws[0][1] != _LENGTH_DELIMITED
+        or raws[0][4] - raws[0][3] < min_bytes
+        or any(f[0] not in _STUB_FIELDS and f[0] != _TENSOR_RAW_DATA for f in fields)
+    ):
+        return None
+    _, _, raw_field, raw_start, raw_end = raws[0]
+    raw_length = raw_end - raw_start
+    head, tail = bytes(data[start:raw_field]), bytes(data[raw_end:end])
+    stub = onnx.TensorProto()
+    try:
+        stub.ParseFromString(head + tail)
+    except DecodeError:  # the whole model's parse gives protobuf's verdict
+        return None
+    itemsize = _ITEMSIZE.get(stub.data_type)
+    if itemsize is None or any(d < 0 for d in stub.dims):
+        return None
+    if itemsize * math.prod(stub.dims) != raw_length:
+        return None  # the checker's size complaint is due: the proto keeps its data
+    # What onnx_ir serializes for such a tensor (``serialize_tensor_into``): these exact
+    # bytes around the raw data, or the writer could not copy them from the file. Its
+    # fields below raw_data's number: dims, data_type, name; above: doc_string.
+    low = onnx.TensorProto(name=stub.name, data_type=stub.data_type, dims=stub.dims)
+    high = onnx.TensorProto(doc_string=stub.doc_string) if stub.doc_string else None
+    raw_key = _varint(_TENSOR_RAW_DATA << 3 | _LENGTH_DELIMITED) + _varint(raw_length)
+    if (
+        not stub.name
+        or head != low.SerializeToString()
+        or bytes(data[raw_field:raw_start]) != raw_key
+        or tail != (high.SerializeToString() if high is not None else b"")
+    ):
+        return None
+    entry = LazyEntry(
+        stub.name,
+        stub.data_type,
+        tuple(stub.dims),
+        stub.doc_string,
+        start,
+        end - start,
+        raw_start,
+        raw_length,
+    )
+    return entry, head + tail
+
+
+class SourceFile:
+    """The model file lazily read weights come from, held open: a file put in its place
+    later (an output renamed over it) does not change them. Closed with the last tensor."""
+
+    def __init__(self, path: str | os.PathLike, fd: int, stat: os.stat_result) -> None:
+        self.path = os.fspath(path)
+        self.fd = fd
+        self.stat = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        weakref.finalize(self, os.close, fd)
+
+    def check(self) -> None:
+        """Raise OSError if the file was written to since it was loaded."""
+        found = os.fstat(self.fd)
+        if (found.st_size, found.st_mtime_ns, found.st_ino) != self.stat:
+            raise OSError(f"{self.path}: the model file changed after it was loaded")
+
+
+class SourceTensor(ir.LazyTensor):
+    """A main-graph initializer whose raw data was left in the model file at load
+    (``split_weights``). Each read maps its bytes anew, and the mapping goes with the
+    last array viewing it: nothing stays mapped (or counts in memory) between reads.
+    The writer copies its TensorProto file to file while it is as it was loaded."""
+
+    def __init__(self, source: SourceFile, entry: LazyEntry) -> None:
+        super().__init__(
+            self._read,
+            ir.DataType(entry.data_type),
+            ir.Shape(entry.dims, frozen=True),
+            name=entry.name,
+            doc_string=entry.doc_string or None,
+        )
+        self.source = source
+        self.entry = entry
+
+    def __repr__(self) -> str:  # LazyTensor's names its function, a method of self
+        return f"{self._repr_base()}(source={self.source.path!r}, name={self.name!r})"
+
+    def _read(self) -> ir.Tensor:
+        return ir.Tensor(self.numpy(), dtype=self.dtype)
+
+    def numpy(self) -> np.ndarray:
+        """The array over a fresh read-only mapping of the file (as ``TensorProtoTensor``
+        reads raw data: little-endian, the tensor's shape)."""
+        self.source.check()
+        entry = self.entry
+        aligned = entry.raw_start - entry.raw_start % mmap.ALLOCATIONGRANULARITY
+        mapping = mmap.mmap(
+            self.source.fd,
+            entry.raw_start + entry.raw_length - aligned,
+            access=mmap.ACCESS_READ,
+            offset=aligned,
+        )
+        dtype = self.dtype.numpy().newbyteorder("<")
+        count = entry.raw_length // dtype.itemsize
+        array = np.frombuffer(mapping, dtype, count, entry.raw_start - aligned)
+        return array.reshape(entry.dims)
+
+    def file_range(self) -> _FileRange | None:
+        """The bytes of the model file that are this tensor's TensorProto as onnx_ir would
+        serialize it now: None once its name, doc string or metadata changed."""
+        entry = self.entry
+        if (
+            self.name != entry.name
+            or (self.doc_string or "") != entry.doc_string
+            or self.metadata_props
+        ):
+            return None
+        self.source.check()
+        return _FileRange(entry.start, entry.length, self.source.fd)
