@@ -347,7 +347,7 @@ def normalize(
 ) -> Folder:
     """Constants as initializers, constant subgraphs folded, shapes inferred."""
     _adopt_ir4_initializers(model)
-    common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    _LiftConstants(lift_all_constants=True, size_limit=0)(model)
     infer_shapes(model)
     function_graphs = frozenset(
         id(g)
@@ -365,6 +365,22 @@ def normalize(
     _merge_duplicates(model)
     # No second inference here: folded values are initializers with exact shapes.
     return folder
+
+
+class _LiftConstants(common_passes.LiftConstantsToInitializersPass):
+    """onnx_ir's pass, without a runtime Protocol check per Constant: a TENSOR attribute
+    holds a tensor (the IR's own invariant), and the check cost 0.1-0.2 ms each (BERT's
+    297 Constants: ~30 ms)."""
+
+    def _constant_node_attribute_to_tensor(
+        self, node: ir.Node, attr_name: str, attr_value: ir.Attr, initializer_name: str
+    ) -> ir.TensorProtocol | None:
+        if attr_name == "value" and attr_value.type == ir.AttributeType.TENSOR:
+            tensor = attr_value.value
+            return tensor if tensor.size >= self.size_limit else None
+        return super()._constant_node_attribute_to_tensor(
+            node, attr_name, attr_value, initializer_name
+        )
 
 
 def _merge_duplicates(model: ir.Model) -> None:
