@@ -138,33 +138,54 @@ def uniform_result(
 ) -> list[np.ndarray] | None:
     """``node``'s single output as a stride-0 view of one element when its data inputs
     are uniform and the output is at least ``FILL_MIN_BYTES``; else None. ``evaluate``
-    is the caller's full-array path (numpy or the reference evaluator)."""
+    is the caller's full-array path (numpy or the reference evaluator). Sizes are
+    decided from shapes first: most folds are small and cost nothing more here."""
     op = node.op_type
-    if node.domain != "" or len(node.outputs) != 1 or any(t is None for t in tensors):
+    if node.domain != "" or len(node.outputs) != 1 or not tensors:
         return None
     since = _ELEMENTWISE.get(op, _VIEWS.get(op, _COPIES.get(op)))
-    if since is None or opset < since or not tensors:
+    if since is None or opset < since or any(t is None for t in tensors):
         return None
-    if op in _ELEMENTWISE and set(node.attributes) - _ATTRIBUTES.get(op, set()):
-        return None  # view ops hand theirs (perm, axes) to the old path; copies check theirs
-    data_count = 1 if op in _VIEWS or op in ("Expand", "Tile") else len(tensors)
-    data = [uniform_of(t) for t in tensors[:data_count]]  # type: ignore[arg-type]
-    if any(u is None for u in data):
-        return None
-    uniforms: list[Uniform] = data  # type: ignore[assignment]
-    params = [t.numpy() for t in tensors[data_count:]]  # type: ignore[union-attr]
+    present: list[ir.TensorProtocol] = tensors  # type: ignore[assignment]
     if op in _VIEWS:
-        return _view_result(node, uniforms[0], params, evaluate)
-    if op in _ELEMENTWISE:
-        shape = _broadcast(*(u.shape for u in uniforms))
-        if shape is None or not _exact(op, node, uniforms):
+        # The output is no larger than the input: a small input is as cheap as before.
+        # The attributes (perm, axes) go to the old path with the node.
+        if present[0].nbytes < spill.FILL_MIN_BYTES:
             return None
-        return _one_element_result(node, [u.one(len(shape)) for u in uniforms], shape, evaluate)
-    shaped = _copy_shape(node, uniforms, params)
-    if shaped is None:
+        source = uniform_of(present[0])
+        if source is None:
+            return None
+        return _view_result(node, source, [t.numpy() for t in present[1:]], evaluate)
+    if op in _ELEMENTWISE:
+        if set(node.attributes) - _ATTRIBUTES.get(op, set()):
+            return None
+        shape = _broadcast(*(_dims(t) for t in present))
+        data = present
+    else:
+        data = present if op == "Concat" else present[:1]
+        params = [t.numpy() for t in present[len(data) :]]
+        shape = _copy_shape(node, [_dims(t) for t in data], params)
+    if shape is None or math.prod(shape) * 8 < spill.FILL_MIN_BYTES:
+        return None  # too small to matter at any item size
+    found = [uniform_of(t) for t in data]
+    if any(u is None for u in found):
         return None
-    shape, inputs = shaped
+    uniforms: list[Uniform] = found  # type: ignore[assignment]
+    if op in _ELEMENTWISE:
+        if not _exact(op, node, uniforms):
+            return None
+        inputs: Arrays = [u.one(len(shape)) for u in uniforms]
+    elif op == "Concat":
+        if len({(u.element.dtype, u.element.tobytes()) for u in uniforms}) != 1:
+            return None  # parts of different values: not one fill
+        inputs = [u.one() for u in uniforms]
+    else:  # Expand, Tile: the second input's ones keep the one-element shape
+        inputs = [uniforms[0].one(), np.ones(len(params[0]), dtype=np.int64)]
     return _one_element_result(node, inputs, shape, evaluate)
+
+
+def _dims(tensor: ir.TensorProtocol) -> tuple[int, ...]:
+    return tuple(int(d) for d in tensor.shape)
 
 
 def _view_result(
@@ -188,8 +209,6 @@ def _view_result(
 def _one_element_result(
     node: ir.Node, inputs: Arrays, shape: tuple[int, ...], evaluate: Evaluate
 ) -> list[np.ndarray] | None:
-    if math.prod(shape) * 8 < spill.FILL_MIN_BYTES:
-        return None  # too small to matter at any item size
     results = evaluate(node, inputs)
     if results is None or len(results) != 1:
         return None
@@ -207,10 +226,17 @@ def _one_element_result(
 
 
 def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
-    try:
-        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
-    except ValueError:
-        return None
+    """numpy's (and ONNX's multidirectional) broadcasting of ``shapes``; None if they do
+    not broadcast. Plain Python: most calls are on small folds, declined right after."""
+    rank = max(len(shape) for shape in shapes)
+    padded = [(1,) * (rank - len(shape)) + shape for shape in shapes]
+    out = []
+    for dims in zip(*padded):
+        sizes = set(dims) - {1}
+        if len(sizes) > 1:
+            return None
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
 
 
 def _exact(op: str, node: ir.Node, inputs: list[Uniform]) -> bool:
@@ -274,46 +300,40 @@ def _exact_cast(node: ir.Node, element: np.ndarray) -> bool:
 
 
 def _copy_shape(
-    node: ir.Node, data: list[Uniform], params: list[np.ndarray]
-) -> tuple[tuple[int, ...], Arrays] | None:
-    """Output shape of Expand, Tile or Concat and their one-element inputs, or None."""
+    node: ir.Node, shapes: list[tuple[int, ...]], params: list[np.ndarray]
+) -> tuple[int, ...] | None:
+    """Output shape of Expand, Tile or Concat, or None (the old path decides)."""
     op = node.op_type
     if op == "Concat":
-        return _concat_shape(node, data)
+        return _concat_shape(node, shapes)
     (param,) = params if len(params) == 1 else (None,)
     if param is None or param.dtype != np.int64 or param.ndim != 1 or (param < 0).any():
         return None
-    (source,) = data
+    (source,) = shapes
     values = tuple(int(v) for v in param)
-    ones = np.ones(len(values), dtype=np.int64)
     if op == "Expand":
         # data * ones(shape): numpy's broadcasting, as the reference evaluator computes it.
-        shape = _broadcast(source.shape, values)
-        if shape is None:
-            return None
-        return shape, [source.one(), ones]
-    if node.attributes or len(values) != len(source.shape):
+        return _broadcast(source, values)
+    if node.attributes or len(values) != len(source):
         return None  # Tile's repeats must match the rank (np.tile would pad instead)
-    return tuple(d * r for d, r in zip(source.shape, values)), [source.one(), ones]
+    return tuple(d * r for d, r in zip(source, values))
 
 
-def _concat_shape(node: ir.Node, data: list[Uniform]) -> tuple[tuple[int, ...], Arrays] | None:
+def _concat_shape(node: ir.Node, shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
     attr = node.attributes.get("axis")
     if attr is None or set(node.attributes) != {"axis"}:
         return None
-    first = data[0]
-    rank = len(first.shape)
+    first = shapes[0]
+    rank = len(first)
     axis = attr.as_int()
     if rank == 0 or not -rank <= axis < rank:
         return None
     axis %= rank
-    for part in data:
-        if len(part.shape) != rank or part.element.dtype != first.element.dtype:
+    for shape in shapes:
+        if len(shape) != rank:
             return None
-        if part.element.tobytes() != first.element.tobytes():
-            return None  # parts of different values: not one fill
-        if any(d != f for k, (d, f) in enumerate(zip(part.shape, first.shape)) if k != axis):
+        if any(d != f for k, (d, f) in enumerate(zip(shape, first)) if k != axis):
             return None
-    shape = list(first.shape)
-    shape[axis] = sum(part.shape[axis] for part in data)
-    return tuple(shape), [part.one() for part in data]
+    out = list(first)
+    out[axis] = sum(shape[axis] for shape in shapes)
+    return tuple(out)

@@ -428,3 +428,12 @@ def test_light_resnet50_conv_bn_weights_stay_fills(tmp_path):
     for name, fill in fills.items():
         array = numpy_helper.to_array(saved[name])
         assert np.array_equal(array, np.full(fill.dims, fill.value[0]), equal_nan=True)
+
+
+@given(st.lists(st.lists(st.sampled_from([0, 1, 1, 2, 3]), max_size=4), min_size=1, max_size=3))
+def test_output_shapes_broadcast_as_numpy(shapes):
+    try:
+        expected = tuple(np.broadcast_shapes(*map(tuple, shapes)))
+    except ValueError:
+        expected = None
+    assert folding_uniform._broadcast(*map(tuple, shapes)) == expected
