@@ -348,6 +348,7 @@ def normalize(
     """Constants as initializers, constant subgraphs folded, shapes inferred."""
     _adopt_ir4_initializers(model)
     _LiftConstants(lift_all_constants=True, size_limit=0)(model)
+    _small_constants_in_memory(model)
     infer_shapes(model)
     function_graphs = frozenset(
         id(g)
@@ -365,6 +366,47 @@ def normalize(
     _merge_duplicates(model)
     # No second inference here: folded values are initializers with exact shapes.
     return folder
+
+
+# Constants this small are read again and again by guards (shape arithmetic, axes).
+_SMALL_CONSTANT_ELEMENTS = 64
+_PLAIN_DTYPES = frozenset(
+    ir.DataType[name]
+    for name in (
+        "FLOAT",
+        "DOUBLE",
+        "FLOAT16",
+        "BOOL",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+    )
+)
+
+
+def _small_constants_in_memory(model: ir.Model) -> None:
+    """Small initializers still backed by their protobuf become plain arrays: reading a
+    protobuf tensor decodes it anew each time (~50 us), and guards read the same shape
+    constants at every candidate node (BERT-base legacy: ~1,000 reads)."""
+    for graph in all_graphs(model):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if (
+                type(tensor) is ir.serde.TensorProtoTensor
+                and tensor.size <= _SMALL_CONSTANT_ELEMENTS
+                and tensor.dtype in _PLAIN_DTYPES
+            ):
+                value.const_value = ir.Tensor(
+                    tensor.numpy(),
+                    name=tensor.name,
+                    doc_string=tensor.doc_string,
+                    metadata_props=dict(tensor.metadata_props),
+                )
 
 
 class _LiftConstants(common_passes.LiftConstantsToInitializersPass):
