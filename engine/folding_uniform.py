@@ -94,8 +94,9 @@ class Uniform:
     shape: tuple[int, ...]
 
     def one(self, rank: int | None = None) -> np.ndarray:
-        """The element as an array of ones-shape (the given rank, its own by default)."""
-        return self.element.reshape((1,) * (len(self.shape) if rank is None else rank))
+        """The element as an array of ones-shape (the given rank, its own by default),
+        a copy: the evaluator never sees the FillTensor's own value."""
+        return self.element.reshape((1,) * (len(self.shape) if rank is None else rank)).copy()
 
     def view(self) -> np.ndarray:
         return np.broadcast_to(self.element, self.shape)
