@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
 
@@ -157,12 +157,16 @@ def fills(draw, dtype, shape) -> Fill:
 
 # --- elementwise ops -----------------------------------------------------------------
 
+# Ops drawn one at a time: a third of the profile's examples each (the suite's time).
+per_op = settings(max_examples=max(5, settings.default.max_examples // 3))
+
 ARITHMETIC = ["Add", "Sub", "Mul", "Div", "Max", "Min"]
 COMPARISONS = ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"]
 UNARY = ["Neg", "Abs", "Sqrt", "Identity"]
 
 
 @pytest.mark.parametrize("op", ARITHMETIC + COMPARISONS)
+@per_op
 @given(data=st.data())
 def test_binary_ops_fold_fills_as_full_arrays(op, data):
     dtype = data.draw(st.sampled_from(PLAIN if op in COMPARISONS else PLAIN[:-1]))
@@ -173,6 +177,7 @@ def test_binary_ops_fold_fills_as_full_arrays(op, data):
 
 
 @pytest.mark.parametrize("op", UNARY)
+@per_op
 @given(data=st.data())
 def test_unary_ops_fold_fills_as_full_arrays(op, data):
     dtype = data.draw(st.sampled_from(FLOATS if op == "Sqrt" else PLAIN[:-1]))
@@ -180,6 +185,7 @@ def test_unary_ops_fold_fills_as_full_arrays(op, data):
 
 
 @pytest.mark.parametrize("op", ["And", "Or", "Xor", "Not"])
+@per_op
 @given(data=st.data())
 def test_logic_ops_fold_fills_as_full_arrays(op, data):
     out = data.draw(big_shapes())
