@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -30,3 +31,38 @@ settings.load_profile(PROFILE)
 # case). A large pattern derives ~150 per instance; `ci` checks a sample covering every
 # kind of case, `thorough` all of them.
 NEGATIVES_PER_INSTANCE = None if PROFILE == "thorough" else 24
+
+
+# --------------------------------------------------------------------------- pytest-xdist
+# `-n 2 --dist loadscope` (pyproject's addopts) runs the suite on two worker processes,
+# handing each one whole units of tests that must share a worker:
+#   - a test module: its module-scoped fixtures (an optimized model, a venv, the measured
+#     exports) are then computed once, not once per worker;
+#   - in tests/proof/test_rule_properties.py, one rule's tests: the negative test reuses
+#     the instances its rule's positive test fired on in the same process, and that module
+#     is most of the suite's time, so it is split per rule.
+# (xdist's own `loadgroup` marks cannot do this with pytest 9: the group is appended to
+# `item._nodeid`, which pytest 9 no longer reads.) Without `-n`, nothing here runs.
+
+RULE_PROPERTIES = "tests/proof/test_rule_properties.py"
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit a test is scheduled with: its module, or its module and rule."""
+    module, _, name = nodeid.partition("::")
+    if module.endswith(RULE_PROPERTIES) and name.endswith("]") and "[" in name:
+        return f"{module}[{name[name.index('[') + 1 :]}"
+    return module
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown when xdist is not installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return _WorkUnits(config, log)
