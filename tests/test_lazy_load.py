@@ -142,7 +142,7 @@ def _conv_bn_model(channels: int = 64) -> onnx.ModelProto:
 def test_a_rule_reading_a_lazy_weight_computes_the_same_bytes(tmp_path, whole):
     path = _save(_conv_bn_model(), tmp_path / "m.onnx")
     assert isinstance(load_model(path).graph.initializers["w"].const_value, SourceTensor)
-    rules = select_rules()
+    rules = [rule for rule in select_rules() if rule.name.startswith("conv-bn-fold")]
     optimize_file(path, tmp_path / "lazy.onnx", rules)
     whole()
     assert not isinstance(load_model(path).graph.initializers["w"].const_value, SourceTensor)
@@ -194,7 +194,8 @@ def test_raw_data_longer_than_its_shape_needs_stays_parsed(tmp_path):
 
 def test_malformed_model_is_one_line_and_exit_2_on_the_command_line(tmp_path, capsys):
     path = _corrupt(tmp_path, "short")
-    assert main(["optimize", str(path), "-o", str(tmp_path / "out.onnx")]) == 2
+    args = ["optimize", str(path), "--no-builtin", "-o", str(tmp_path / "out.onnx")]
+    assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "raw_data size" in err[0]
     assert not (tmp_path / "out.onnx").exists()
@@ -296,7 +297,7 @@ def test_weights_stay_readable_when_the_input_is_replaced_not_when_rewritten(tmp
 
 def test_check_only_and_text_format(tmp_path):
     path = _save(_conv_bn_model(), tmp_path / "m.onnx")
-    optimize_file(path, None, select_rules())  # checked in memory, nothing written
+    optimize_file(path, None, [])  # folded and checked in memory, nothing written
     text = tmp_path / "m.textproto"
     onnx.save(_conv_bn_model(), text, format="textproto")
     model = load_model(text)
