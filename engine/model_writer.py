@@ -588,6 +588,12 @@ class SourceFile:
         self.stat = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
         weakref.finalize(self, os.close, fd)
 
+    def __copy__(self) -> SourceFile:
+        return self  # one open file, closed once: copies of a model share it
+
+    def __deepcopy__(self, memo: dict) -> SourceFile:
+        return self
+
     def check(self) -> None:
         """Raise OSError if the file was written to since it was loaded."""
         found = os.fstat(self.fd)
