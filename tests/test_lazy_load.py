@@ -302,3 +302,16 @@ def test_check_only_and_text_format(tmp_path):
     onnx.save(_conv_bn_model(), text, format="textproto")
     model = load_model(text)
     assert isinstance(model.graph.initializers["w"].const_value, ir.serde.TensorProtoTensor)
+
+
+def test_unsorted_model_with_lazy_weights_is_sorted_and_accepted(tmp_path, whole):
+    proto = _conv_bn_model()
+    proto.graph.node.reverse()  # a writer's slip: the checker complains, the load sorts
+    path = _save(proto, tmp_path / "m.onnx")
+    model = load_model(path)
+    assert isinstance(model.graph.initializers["w"].const_value, SourceTensor)
+    assert [node.op_type for node in model.graph] == ["Conv", "BatchNormalization"]
+    save_model(model, tmp_path / "lazy.onnx")
+    whole()
+    save_model(load_model(path), tmp_path / "whole.onnx")
+    assert (tmp_path / "lazy.onnx").read_bytes() == (tmp_path / "whole.onnx").read_bytes()
