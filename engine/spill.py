@@ -175,11 +175,12 @@ class FillTensor(ir.LazyTensor):
 
     def chunks(self) -> list[bytes | memoryview]:
         """The tensor's little-endian bytes as repeats of one buffer (``tobytes`` without
-        the copy; the buffer is shared by the fills of one value)."""
+        the copy; the buffer is shared by the large fills of one value)."""
         itemsize = self.value.dtype.itemsize
         total = int(np.prod(self.dims, dtype=np.int64))
-        chunk = _fill_chunk(self.value.dtype.str, self.value.tobytes())
-        per_chunk = len(chunk) // itemsize
+        # No larger than the tensor: each fill of a model may have its own value.
+        per_chunk = max(1, min(total, FILL_CHUNK_BYTES // itemsize))
+        chunk = _fill_chunk(self.value.dtype.str, self.value.tobytes(), per_chunk)
         whole, rest = divmod(total, per_chunk)
         parts: list[bytes | memoryview] = [chunk] * whole
         if rest:
@@ -188,11 +189,11 @@ class FillTensor(ir.LazyTensor):
 
 
 @functools.lru_cache(maxsize=8)
-def _fill_chunk(dtype: str, value: bytes) -> memoryview:
-    """FILL_CHUNK_BYTES of one value repeated (native order: the writer runs on
-    little-endian machines only)."""
+def _fill_chunk(dtype: str, value: bytes, count: int) -> memoryview:
+    """``count`` elements of one value (native order: the writer runs on little-endian
+    machines only)."""
     one = np.frombuffer(value, dtype=np.dtype(dtype))
-    full = np.full(max(1, FILL_CHUNK_BYTES // one.itemsize), one[0], dtype=one.dtype)
+    full = np.full(count, one[0], dtype=one.dtype)
     full.flags.writeable = False
     return memoryview(full.view(np.uint8))
 

@@ -443,3 +443,15 @@ def test_output_shapes_broadcast_as_numpy(shapes):
     except ValueError:
         expected = None
     assert folding_uniform._broadcast(*map(tuple, shapes)) == expected
+
+
+@pytest.mark.parametrize(
+    "count", [1, 1000, spill.FILL_CHUNK_BYTES // 4, spill.FILL_CHUNK_BYTES // 2 + 3]
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.uint8])
+def test_fill_chunks_are_the_fill_bytes(count, dtype):
+    fill = FillTensor(np.array([-0.0 if dtype != np.uint8 else 7], dtype), (2, count))
+    chunks = fill.chunks()
+    assert b"".join(bytes(c) for c in chunks) == np.full((2, count), fill.value[0]).tobytes()
+    # One shared buffer, never larger than the tensor (nor than FILL_CHUNK_BYTES).
+    assert max(len(c) for c in chunks) <= min(spill.FILL_CHUNK_BYTES, fill.nbytes)
