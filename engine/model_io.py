@@ -73,8 +73,12 @@ def load_model(
         raise ModelError(f"{path}: not a file")
     if path.stat().st_size == 0:
         raise ModelError(f"{path}: empty file, not an ONNX model")
+    return _load(path, check, target, split=True)
+
+
+def _load(path: Path, check: bool, target: Target | None, split: bool) -> ir.Model:
     try:
-        proto, ranges, stat, lazy = _read_proto(path)
+        proto, ranges, stat, lazy = _read_proto(path, split)
     except (DecodeError, RuntimeError, ValueError, OSError) as exc:
         raise ModelError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
     if not proto.graph.node and not proto.graph.output:
@@ -87,8 +91,8 @@ def load_model(
         model = ir.from_proto(proto)
     except Exception as exc:  # onnx_ir raises many types on malformed graphs
         raise ModelError(f"{path}: cannot be read as an ONNX graph ({_first_line(exc)})") from None
-    if lazy:
-        _attach_source_tensors(model, path, stat, lazy)
+    if lazy and not _attach_source_tensors(model, path, stat, lazy):
+        return _load(path, check, target, split=False)  # the graph did not take them all
     if failure is not None and not _valid_once_sorted(model, failure, target):
         raise ModelError(f"{path}: fails the ONNX checker: {failure}")
     _attach_external_data_base(model, path.parent)
@@ -98,7 +102,7 @@ def load_model(
 
 
 def _read_proto(
-    path: Path,
+    path: Path, split: bool = True
 ) -> tuple[
     onnx.ModelProto,
     dict[str, tuple[int, int, int, int]],
@@ -111,7 +115,7 @@ def _read_proto(
     data of large main-graph initializers is left in the file (``split_weights``): their
     TensorProtos hold no data, and the entries returned say where it is (BERT-base:
     protobuf parses 1 MB instead of 440). Text formats, named by their extensions, go
-    through onnx."""
+    through onnx. ``split``: False parses the whole file."""
     fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix)
     if fmt not in (None, "protobuf"):
         return onnx.load_model(str(path), load_external_data=False), {}, None, {}
@@ -120,7 +124,7 @@ def _read_proto(
         view = memoryview(data)
         try:
             scan = scan_graph(view)
-            proto, lazy = _parse_split(view, scan)
+            proto, lazy = _parse_split(view, scan) if split else (None, {})
             if proto is None:
                 proto = onnx.ModelProto()
                 _parse(proto, view)
@@ -159,8 +163,10 @@ def _parse_split(
 
 def _attach_source_tensors(
     model: ir.Model, path: Path, stat: os.stat_result | None, lazy: dict[str, LazyEntry]
-) -> None:
-    """The main-graph initializers whose raw data was left in the file read it from there."""
+) -> bool:
+    """The main-graph initializers whose raw data was left in the file read it from there.
+    False if some of them are not the model's initializers (nothing read would be
+    right: the caller loads the file whole)."""
     assert stat is not None
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -175,6 +181,7 @@ def _attach_source_tensors(
     except BaseException:
         os.close(fd)
         raise
+    attached = 0
     for value in model.graph.initializers.values():
         tensor = value.const_value
         entry = lazy.get(value.name or "")
@@ -184,6 +191,8 @@ def _attach_source_tensors(
             and not tensor.raw.HasField("raw_data")
         ):
             value.const_value = SourceTensor(source, entry)
+            attached += 1
+    return attached == len(lazy)
 
 
 def _check_loaded(

@@ -315,3 +315,14 @@ def test_unsorted_model_with_lazy_weights_is_sorted_and_accepted(tmp_path, whole
     whole()
     save_model(load_model(path), tmp_path / "whole.onnx")
     assert (tmp_path / "lazy.onnx").read_bytes() == (tmp_path / "whole.onnx").read_bytes()
+
+
+def test_weights_the_graph_does_not_take_are_loaded_whole(tmp_path, monkeypatch):
+    path = _save(_identity_model(_weights()), tmp_path / "m.onnx")
+    monkeypatch.setattr(model_io, "_attach_source_tensors", lambda *args: False)
+    model = load_model(path)
+    tensors = [value.const_value for value in model.graph.initializers.values()]
+    assert all(
+        isinstance(t, ir.serde.TensorProtoTensor) and t.raw.HasField("raw_data") for t in tensors
+    )
+    assert _written_as_ir_saves_it(path, model)
