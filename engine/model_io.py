@@ -83,6 +83,9 @@ def _load(path: Path, check: bool, target: Target | None, split: bool) -> ir.Mod
         raise ModelError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
     if not proto.graph.node and not proto.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph)")
+    wrong_size = _raw_size_problem(proto, ranges, lazy)
+    if wrong_size is not None:
+        raise ModelError(f"{path}: {wrong_size}")
     try:
         failure = _check_loaded(path, proto, target, ranges, lazy) if check else None
     except OSError as exc:
@@ -335,6 +338,29 @@ def _as_placeholder(stripped: onnx.TensorProto) -> onnx.TensorProto:
     entry.key, entry.value = "location", CHECK_PLACEHOLDER
     stripped.data_location = onnx.TensorProto.EXTERNAL
     return stripped
+
+
+def _raw_size_problem(
+    proto: onnx.ModelProto,
+    ranges: dict[str, tuple[int, int, int, int]],
+    lazy: dict[str, LazyEntry],
+) -> str | None:
+    """A main-graph initializer whose raw data is longer than its type and shape need
+    (onnx's checker lets that pass; any read of it would fail), or None. Shorter raw
+    data is the checker's to report."""
+    for tensor in proto.graph.initializer:
+        itemsize = _ITEMSIZE.get(tensor.data_type)
+        if itemsize is None or tensor.name in lazy or not tensor.HasField("raw_data"):
+            continue
+        found = ranges.get(tensor.name)
+        size = found[3] if found is not None else len(tensor.raw_data)
+        needed = itemsize * math.prod(tensor.dims)
+        if size > needed:
+            return (
+                f"initializer '{tensor.name}' holds {size} bytes of raw data; "
+                f"its type and shape need {needed}"
+            )
+    return None
 
 
 def _raw_size(field_bytes: int) -> int:

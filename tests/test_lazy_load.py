@@ -185,11 +185,16 @@ def test_malformed_models_are_rejected_as_when_loaded_whole(tmp_path, whole, how
     assert "\n" not in str(lazily.value)
 
 
-def test_raw_data_longer_than_its_shape_needs_stays_parsed(tmp_path):
-    # onnx's checker accepts it (it complains only of too few bytes): not left in the file
+def test_raw_data_longer_than_its_shape_needs_is_refused(tmp_path, capsys):
+    # onnx's checker accepts it (it complains only of too few bytes); any read would fail
     path = _corrupt(tmp_path, "long")
-    tensor = load_model(path).graph.initializers["w"].const_value
-    assert isinstance(tensor, ir.serde.TensorProtoTensor)
+    need = 4 * BIG
+    with pytest.raises(ModelError, match=f"'w' holds {need + 4} bytes .* need {need}$"):
+        load_model(path)
+    args = ["optimize", str(path), "--no-builtin", "-o", str(tmp_path / "out.onnx")]
+    assert main(args) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "out.onnx").exists()
 
 
 def test_malformed_model_is_one_line_and_exit_2_on_the_command_line(tmp_path, capsys):
