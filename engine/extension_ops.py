@@ -77,6 +77,10 @@ def _onnxruntime_extension_schemas() -> tuple[object, ...]:
 @functools.cache
 def _register_private(op_type: str) -> bool:
     """Register the op's extension versions in ``PRIVATE_DOMAIN`` with onnx, once."""
+    # onnx's reference evaluator builds its op table when first imported and fails once
+    # an op name is registered in two domains: import it before the first registration.
+    import onnx.reference
+
     registered = False
     for schema in _onnxruntime_extension_schemas():
         if schema.name != op_type:  # type: ignore[attr-defined]

@@ -22,8 +22,7 @@ import onnx_ir.passes.common
 from google.protobuf.message import DecodeError, Message
 
 from onnxfuse.errors import InvariantError, ModelError
-from onnxfuse.extension_ops import _has_accepted, checker_view, holds_accepted
-from onnxfuse.folding import reference_evaluator
+from onnxfuse.extension_ops import checker_view, holds_accepted
 from onnxfuse.infer import extension_output_types, weights_as_placeholders
 from onnxfuse.model_writer import (
     PLACEHOLDER,
@@ -225,8 +224,6 @@ def _check_loaded(
 def _view(proto: onnx.ModelProto, target: Target | None) -> onnx.ModelProto | None:
     """The checker's view of ``proto`` (None: check ``proto`` itself), with the types
     of the extension nodes' outputs declared so that checking reaches past them."""
-    if _has_accepted(proto, target):
-        reference_evaluator()  # before checker_view registers the private domain
     view = checker_view(proto, target)
     if view is not None:
         view.graph.value_info.extend(extension_output_types(proto))
