@@ -20,6 +20,7 @@ import mmap
 import os
 import sys
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -501,7 +502,7 @@ def split_weights(
                 found[entry[0].name] = (field_start, *entry)
     except (ValueError, IndexError, UnicodeDecodeError):
         return None
-    for name in {n for n in names if names.count(n) > 1} & found.keys():
+    for name in {n for n, seen in Counter(names).items() if seen > 1} & found.keys():
         del found[name]  # names seen twice: left to protobuf and onnx_ir
     if not found:
         return None
