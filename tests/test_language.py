@@ -1325,25 +1325,14 @@ def test_check_takes_an_op_set_family_name(tmp_path, capsys):
     assert "2 rule(s)" in out and "t-unary[Relu]" in out and "t-unary[Sigmoid]" in out
 
 
-PARAM_GUARDED = """
-rules:
-  - name: relu-relu-blocked
-    description: Relu is idempotent, on block-size targets only.
-    benefit: 3
-    references: [math]
-    source: |
-      f (X) => (Y) {
-        T = Relu(X)
-        Y = Relu(T)
-      }
-    where:
-      - "'block' in target_params"
-      - "rank(X) >= 1 or 'layout' in target_params"
-    target: |
-      f (X) => (Y) {
-        Y = Relu(X)
-      }
-"""
+# relu-relu, on block-size targets only: one guard reads only target_params.
+PARAM_GUARDED = RELU_RELU.replace(
+    "    target: |",
+    "    where:\n"
+    "      - \"'block' in target_params\"\n"
+    "      - \"rank(X) >= 1 or 'layout' in target_params\"\n"
+    "    target: |",
+)
 
 
 def test_guard_reading_only_target_params_decides_the_rule_per_target():
