@@ -28,7 +28,8 @@ BIG = DIRECT_MIN_BYTES // 4 + 7  # float32 elements: above the direct-write size
 
 def _both(model: ir.Model, tmp_path) -> tuple[bytes, bytes]:
     ir.save(model, tmp_path / "ir.onnx")
-    write_model(model, tmp_path / "fast.onnx")
+    with open(tmp_path / "fast.onnx", "wb") as out:
+        write_model(model, out)
     return (tmp_path / "ir.onnx").read_bytes(), (tmp_path / "fast.onnx").read_bytes()
 
 
