@@ -21,6 +21,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common
 from google.protobuf.message import DecodeError, Message
 
+from onnxfuse.check_directory import check_by_path
 from onnxfuse.errors import InvariantError, ModelError
 from onnxfuse.extension_ops import checker_view, holds_accepted
 from onnxfuse.infer import extension_output_types, weights_as_placeholders
@@ -258,15 +259,11 @@ def _check_beside(path: Path, view: onnx.ModelProto) -> str | None:
 
 
 def _check_stripped(stripped: onnx.ModelProto, full_check: Callable[[], str | None]) -> str | None:
-    """Check a model whose large weights are placeholders (``_stripped``) from a private
-    directory holding the placeholder file. The checker only sees that an external
+    """Check a model whose large weights are placeholders (``_stripped``) from the
+    private directory holding the placeholder file. The checker only sees that an external
     file exists; it reads no external data. Should the stripped model fail, the
     verdict is the full model's (``full_check``): stripping never rejects a model."""
-    with tempfile.TemporaryDirectory(prefix="onnxfuse-check-") as directory:
-        (Path(directory) / CHECK_PLACEHOLDER).touch()
-        name = Path(directory) / "model.onnx"
-        onnx.save_model(stripped, str(name))
-        failure = _check_path(name)
+    failure = check_by_path(stripped, CHECK_PLACEHOLDER, _check_path)
     return None if failure is None else full_check()
 
 
