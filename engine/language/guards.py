@@ -395,10 +395,31 @@ class Guard:
         return interpreter.compiled(self.tree, GUARDS)
 
 
+# Checked guards by their exact text: rules repeat guards (YAML anchors, op-set
+# families: 1630 guards, 616 texts in the built-in packs). A tree is never changed
+# after checking, so the rules share it and its compiled closures. Bounded, for
+# processes that load many rule files.
+_CHECKED: dict[str, tuple[ast.Expression, frozenset[str]]] = {}
+_MAX_CHECKED = 8192
+
+
 def parse_guard(text: str, known_names: set[str]) -> Guard:
     """Parse and check an expression; raise GuardSyntaxError naming the problem."""
-    tree = interpreter.check_syntax(text, GUARDS, GuardSyntaxError, "guard")
-    names = frozenset(interpreter.free_names(tree, GUARDS))
+    tree, names = _checked(text)
+    # Per rule, not cached: what a guard may name depends on the rule's bindings.
     for name in sorted(names - known_names):
         raise GuardSyntaxError(f"unknown name '{name}' in guard {text!r}")
     return Guard(text=text.strip(), tree=tree, names=names)
+
+
+def _checked(text: str) -> tuple[ast.Expression, frozenset[str]]:
+    """The checked tree of ``text`` and the names it reads (errors are not cached)."""
+    if not isinstance(text, str):  # not hashable, maybe; an error anyway
+        return interpreter.check_expression(text, GUARDS, GuardSyntaxError, "guard")
+    found = _CHECKED.get(text)
+    if found is None:
+        found = interpreter.check_expression(text, GUARDS, GuardSyntaxError, "guard")
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED[text] = found
+    return found

@@ -91,6 +91,14 @@ def check_syntax(
     text: Any, dialect: Dialect, error: type[Exception], what: str = "expression"
 ) -> ast.Expression:
     """Parse ``text`` and check it is in the language; raise ``error`` naming the problem."""
+    return check_expression(text, dialect, error, what)[0]
+
+
+def check_expression(
+    text: Any, dialect: Dialect, error: type[Exception], what: str = "expression"
+) -> tuple[ast.Expression, frozenset[str]]:
+    """``check_syntax`` and ``free_names`` from one walk of the tree (a walk costs more
+    than the parse: loading the built-in rules checks over a thousand guards)."""
     if not isinstance(text, str) or not text.strip():
         raise error(f"a {what} must be a non-empty expression string")
     if len(text) > MAX_EXPRESSION_CHARS:
@@ -101,44 +109,65 @@ def check_syntax(
         raise error(f"invalid expression {text!r}: {exc.msg}") from None
     except (RecursionError, MemoryError):
         raise error("expression nested too deeply") from None
-    if _depth(tree) > MAX_DEPTH:
+    nodes, depth = _walk(tree)
+    if depth > MAX_DEPTH:
         raise error(f"expression nested deeper than {MAX_DEPTH} levels")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.comprehension) and (
-            node.is_async or not _simple_target(node.target)
-        ):
-            raise error(f"only `for name in ...` comprehensions are allowed ({text!r})")
-        if not isinstance(node, _ALLOWED_NODES):
-            raise error(f"{type(node).__name__} is not allowed in a {what} ({text!r})")
-        if isinstance(node, ast.Call):
-            _check_call(node, text, dialect, error, what)
-        elif isinstance(node, ast.Constant) and not isinstance(
-            node.value, (int, float, str, bool, type(None))
-        ):
-            raise error(f"literal {node.value!r} is not allowed in a {what}")
-    return tree
+    for node in nodes:
+        _check_node(node, text, dialect, error, what)
+    return tree, frozenset(_free_names(nodes, dialect))
+
+
+def _check_node(
+    node: ast.AST, text: str, dialect: Dialect, error: type[Exception], what: str
+) -> None:
+    if isinstance(node, ast.comprehension) and (node.is_async or not _simple_target(node.target)):
+        raise error(f"only `for name in ...` comprehensions are allowed ({text!r})")
+    if not isinstance(node, _ALLOWED_NODES):
+        raise error(f"{type(node).__name__} is not allowed in a {what} ({text!r})")
+    if isinstance(node, ast.Call):
+        _check_call(node, text, dialect, error, what)
+    elif isinstance(node, ast.Constant) and not isinstance(
+        node.value, (int, float, str, bool, type(None))
+    ):
+        raise error(f"literal {node.value!r} is not allowed in a {what}")
 
 
 def free_names(tree: ast.AST, dialect: Dialect) -> set[str]:
     """Names the expression reads from its bindings: not functions, constants or names
     a comprehension binds."""
+    return _free_names(_walk(tree)[0], dialect)
+
+
+def _free_names(nodes: list[ast.AST], dialect: Dialect) -> set[str]:
     local = {
         n.id
-        for c in ast.walk(tree)
+        for c in nodes
         if isinstance(c, ast.comprehension)
         for n in ast.walk(c.target)
         if isinstance(n, ast.Name)
     }
-    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
     return {
         n.id
-        for n in ast.walk(tree)
+        for n in nodes
         if isinstance(n, ast.Name)
         and isinstance(n.ctx, ast.Load)
         and id(n) not in called
         and n.id not in local
         and n.id not in dialect.constants
     }
+
+
+def _walk(tree: ast.AST) -> tuple[list[ast.AST], int]:
+    """Every node in ``ast.walk``'s order (breadth first, so the first error found is
+    the same), and the depth of the tree (the root alone: 1)."""
+    order: list[ast.AST] = []
+    level, depth = [tree], 0
+    while level:
+        depth += 1
+        order.extend(level)
+        level = [child for node in level for child in ast.iter_child_nodes(node)]
+    return order, depth
 
 
 def evaluate(tree: ast.Expression, names: Mapping[str, Any], dialect: Dialect) -> Any:
@@ -166,15 +195,6 @@ def compiled(tree: ast.Expression, dialect: Dialect) -> Compiled:
         _COMPILED.clear()
     _COMPILED[key] = (tree, function)
     return function
-
-
-def _depth(node: ast.AST) -> int:
-    deepest, stack = 0, [(node, 1)]
-    while stack:
-        current, level = stack.pop()
-        deepest = max(deepest, level)
-        stack.extend((child, level + 1) for child in ast.iter_child_nodes(current))
-    return deepest
 
 
 def _simple_target(target: ast.AST) -> bool:

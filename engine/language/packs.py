@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from onnxfuse.errors import RuleError
+from onnxfuse.language.heap import old_objects_frozen
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.language.rulefile import load_rule_file
 from onnxfuse.language.yaml_lines import LineMap, YamlError, load_yaml
@@ -151,17 +152,17 @@ def load_pack(folder: str | Path) -> list[Rule]:
 
 def load_packs(paths: list[str | Path]) -> list[Pack]:
     """Rule files and pack folders, in order, each with its manifest."""
-    packs: list[Pack] = []
-    for path in paths:
-        path = Path(path)
-        if path.is_dir():
-            manifest = read_manifest(path)
-            packs.append(Pack(path.name, load_pack(path), manifest))
-        elif path.exists():
-            packs.append(Pack(path.stem, load_rule_file(path)))
-        else:
-            raise RuleError("no such rule file or pack folder", str(path))
-    return packs
+    with old_objects_frozen():
+        return [_load_one(Path(path)) for path in paths]
+
+
+def _load_one(path: Path) -> Pack:
+    if path.is_dir():
+        manifest = read_manifest(path)  # first: its errors come before the rules'
+        return Pack(path.name, load_pack(path), manifest)
+    if path.exists():
+        return Pack(path.stem, load_rule_file(path))
+    raise RuleError("no such rule file or pack folder", str(path))
 
 
 def load_rules(paths: list[str | Path]) -> list[Rule]:
@@ -172,11 +173,12 @@ def load_rules(paths: list[str | Path]) -> list[Rule]:
 def load_builtin_packs(packs: list[str] | None = None) -> list[Pack]:
     root = builtin_rules_dir()
     found: list[Pack] = []
-    for name in packs if packs is not None else builtin_pack_names():
-        folder = root / name
-        if not folder.is_dir():
-            raise RuleError(f"no built-in rule pack '{name}'")
-        found.append(Pack(name, load_pack(folder), read_manifest(folder), builtin=True))
+    with old_objects_frozen():
+        for name in packs if packs is not None else builtin_pack_names():
+            folder = root / name
+            if not folder.is_dir():
+                raise RuleError(f"no built-in rule pack '{name}'")
+            found.append(Pack(name, load_pack(folder), read_manifest(folder), builtin=True))
     return found
 
 

@@ -30,8 +30,24 @@ class LineList(list):
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+# Tags of plain scalars by (text, implicit flags): the resolver tries its regular
+# expressions on every scalar, and rule and target files repeat most of theirs.
+_SCALAR_TAGS: dict[tuple[str, Any], str] = {}
+_MAX_SCALAR_TAGS = 65536
+
+
 class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
-    pass
+    def resolve(self, kind: type, value: Any, implicit: Any) -> str:
+        if kind is not yaml.ScalarNode or self.yaml_path_resolvers:
+            return super().resolve(kind, value, implicit)
+        key = (value, implicit)
+        tag = _SCALAR_TAGS.get(key)
+        if tag is None:
+            tag = super().resolve(kind, value, implicit)
+            if len(_SCALAR_TAGS) >= _MAX_SCALAR_TAGS:
+                _SCALAR_TAGS.clear()
+            _SCALAR_TAGS[key] = tag
+        return tag
 
 
 def _text_start(node: yaml.Node) -> int:
@@ -81,7 +97,12 @@ class YamlError(Exception):
 def load_yaml(text: str) -> Any:
     """Parse YAML text; raise YamlError with a 1-based line on malformed input."""
     try:
-        return yaml.load(text, Loader=_Loader)
+        try:
+            return _load_fast(text)
+        except (_Unusual, yaml.constructor.ConstructorError):
+            # PyYAML's constructor gives the data, or the error, of anything unusual,
+            # from a fresh parse (merging mapping keys changes the node tree).
+            return yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -89,3 +110,84 @@ def load_yaml(text: str) -> Any:
         raise YamlError(f"malformed YAML: {problem}", line) from None
     except yaml.YAMLError as exc:
         raise YamlError(f"malformed YAML: {exc}", None) from None
+
+
+def _load_fast(text: str) -> Any:
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        return None if node is None else _FastBuilder(loader).build(node)
+    finally:
+        loader.dispose()
+
+
+_TAG = "tag:yaml.org,2002:"
+_STR, _MAP, _SEQ = _TAG + "str", _TAG + "map", _TAG + "seq"
+# Scalars PyYAML's safe constructors build by themselves (no state, no generators).
+_PLAIN_SCALARS = frozenset(_TAG + t for t in ("int", "float", "bool", "null"))
+
+
+class _Unusual(Exception):
+    """Something the fast builder leaves to PyYAML: other tags, recursion, odd keys."""
+
+
+class _FastBuilder:
+    """The data ``yaml.load`` with ``_Loader`` would build from a composed node tree,
+    without PyYAML's general constructor machinery (it cost more than the parse:
+    ~0.25 s for the built-in rule packs). Only strings, numbers, booleans, nulls,
+    mappings and sequences; anything else raises _Unusual. An alias is the same
+    object as its anchor, as with PyYAML."""
+
+    def __init__(self, loader: _Loader):
+        self.loader = loader
+        self.built: dict[int, Any] = {}
+        self.building: set[int] = set()
+
+    def build(self, node: yaml.Node) -> Any:
+        # Most nodes are plain strings: no bookkeeping (an equal string is as good).
+        if node.tag == _STR and type(node) is yaml.ScalarNode:
+            return node.value
+        key = id(node)
+        if key in self.built:
+            return self.built[key]
+        tag = node.tag
+        if tag in _PLAIN_SCALARS and isinstance(node, yaml.ScalarNode):
+            data: Any = self.loader.yaml_constructors[tag](self.loader, node)
+        elif key in self.building:
+            raise _Unusual("recursive node")
+        elif tag == _MAP and isinstance(node, yaml.MappingNode):
+            self.building.add(key)
+            data = self._mapping(node)
+        elif tag == _SEQ and isinstance(node, yaml.SequenceNode):
+            self.building.add(key)
+            data = self._sequence(node)
+        else:
+            raise _Unusual(tag)
+        self.building.discard(key)
+        self.built[key] = data
+        return data
+
+    def _mapping(self, node: yaml.MappingNode) -> LineMap:
+        """As _construct_mapping, which stays the reference (errors come from it)."""
+        self.loader.flatten_mapping(node)
+        result = LineMap()
+        result.line = node.start_mark.line + 1
+        lines = result.value_lines
+        build = self.build
+        for key_node, value_node in node.value:
+            if type(key_node) is not yaml.ScalarNode:
+                raise _Unusual("mapping key")
+            key = build(key_node)
+            if key in result:
+                raise _Unusual("duplicate key")
+            result[key] = build(value_node)
+            lines[str(key)] = _text_start(value_node)
+        return result
+
+    def _sequence(self, node: yaml.SequenceNode) -> LineList:
+        children = node.value
+        build = self.build
+        result = LineList([build(child) for child in children])
+        result.line = node.start_mark.line + 1
+        result.item_lines = [_text_start(child) for child in children]
+        return result
