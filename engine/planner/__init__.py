@@ -1,11 +1,33 @@
 """Static memory planning: one arena for every intermediate tensor."""
 
-from onnxfuse.planner.arena_executor import ArenaExecutor, VerifyResult, verify_plan
-from onnxfuse.planner.checker import PlanError, check_plan
-from onnxfuse.planner.embed import METADATA_KEY, embed_plan, read_embedded_plan
-from onnxfuse.planner.plan import Plan, PlannedTensor, plan_model
-from onnxfuse.planner.strategies import STRATEGIES
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onnxfuse.planner.arena_executor import ArenaExecutor, VerifyResult, verify_plan
+    from onnxfuse.planner.checker import PlanError, check_plan
+    from onnxfuse.planner.embed import METADATA_KEY, embed_plan, read_embedded_plan
+    from onnxfuse.planner.plan import Plan, PlannedTensor, plan_model
+    from onnxfuse.planner.strategies import STRATEGIES
+
+# Imported on first use: every command line run imports this package (for the `plan`
+# subcommand's arguments) and should not load onnxruntime's session machinery then.
+_EXPORTS = {
+    "ArenaExecutor": "arena_executor",
+    "VerifyResult": "arena_executor",
+    "verify_plan": "arena_executor",
+    "PlanError": "checker",
+    "check_plan": "checker",
+    "METADATA_KEY": "embed",
+    "embed_plan": "embed",
+    "read_embedded_plan": "embed",
+    "Plan": "plan",
+    "PlannedTensor": "plan",
+    "plan_model": "plan",
+    "STRATEGIES": "strategies",
+}
 __all__ = [
     "METADATA_KEY",
     "STRATEGIES",
@@ -20,3 +42,10 @@ __all__ = [
     "read_embedded_plan",
     "verify_plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,6 +1,36 @@
 """Proof of numerics: every rule checked on instances drawn from its verification domain."""
 
-from onnxfuse.proof.check import Failure, RuleReport, check_rule
-from onnxfuse.proof.domain import Domain, VerifyError, parse_domain
+from __future__ import annotations
 
-__all__ = ["Domain", "Failure", "RuleReport", "VerifyError", "check_rule", "parse_domain"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onnxfuse.proof.check import Failure, RuleReport, check_rule
+    from onnxfuse.proof.domain import Domain, VerifyError, parse_domain
+
+# Imported on first use: every command line run imports this package (for the `check`
+# subcommand's arguments) and should not load the proof machinery then.
+_EXPORTS = {
+    "Failure": "check",
+    "RuleReport": "check",
+    "check_rule": "check",
+    "Domain": "domain",
+    "VerifyError": "domain",
+    "parse_domain": "domain",
+}
+__all__ = [
+    "Domain",
+    "Failure",
+    "RuleReport",
+    "VerifyError",
+    "check_rule",
+    "parse_domain",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
