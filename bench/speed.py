@@ -1,7 +1,7 @@
 """How fast onnxfuse optimizes, beside onnxscript and onnxruntime's transformer optimizer.
 
     python bench/speed.py [--repeat N] [--models SET ...] [--scaling MAX_NODES]
-                          [--external-gb G] [--json FILE] [MODEL.onnx ...]
+                          [--external-gb G] [--commands N] [--json FILE] [MODEL.onnx ...]
 
 Every measurement runs in a fresh subprocess (so each tool pays its own imports'
 warm-up once per model, outside the timing, and peak RSS is its own), file in to
@@ -23,6 +23,12 @@ images; exported once into the export cache, which needs torch and transformers)
 model named on the command line. ORT transformers runs on the transformer models only,
 with the export's model type, heads and hidden size. Ratios are the other tool's time
 over onnxfuse's.
+
+`--commands N` also times whole commands, interpreter start to exit, on the sample
+and the first export (N runs each, alternating): `python -m onnxfuse optimize MODEL
+-o OUT -q` against a `python -c` script that imports onnxscript and does the same as
+above. This is what a user waits for: imports, rule and target loading included. For
+onnxfuse the child also reports where the time went (import, rules, target, the run).
 
 `--scaling MAX` times onnxfuse alone on decoder stacks from about 1,000 nodes up
 to MAX nodes (steps of 3x, and MAX itself) and fits time = a * nodes^k (least
@@ -241,6 +247,87 @@ def _line(row: dict, tools) -> str:
     return " | ".join(parts)
 
 
+_ONNXSCRIPT_COMMAND = """
+import sys
+import onnx_ir as ir
+import onnxscript.optimizer
+from onnxscript.rewriter.ort_fusions import optimize_for_ort
+model = ir.load(sys.argv[1])
+onnxscript.optimizer.optimize(model)
+model, _ = optimize_for_ort(model)
+ir.save(model, sys.argv[2])
+"""
+
+
+def commands(models: list[Model], repeat: int) -> list[dict]:
+    """Whole commands on ``models``, interpreter start to exit (medians of ``repeat``)."""
+    rows = []
+    for model in models:
+        runs: dict[str, list[dict]] = {"onnxfuse": [], "onnxscript": []}
+        for _ in range(repeat):
+            for tool in runs:
+                runs[tool].append(_whole_command(tool, model.path))
+        row: dict = {"model": model.label}
+        for tool, results in runs.items():
+            good = [r for r in results if "seconds" in r]
+            if not good:
+                row[tool] = {"error": results[0]["error"]}
+                continue
+            row[tool] = {key: statistics.median(r[key] for r in good) for key in good[0]}
+        rows.append(row)
+        ours, theirs = row["onnxfuse"], row["onnxscript"]
+        if "seconds" in ours and "seconds" in theirs:
+            phases = ", ".join(f"{k} {v:.2f}" for k, v in ours.items() if k != "seconds")
+            print(
+                f"command {model.label:>20}: onnxfuse {ours['seconds']:.2f}s ({phases}) | "
+                f"onnxscript {theirs['seconds']:.2f}s x{theirs['seconds'] / ours['seconds']:.2f}",
+                flush=True,
+            )
+    return rows
+
+
+def _whole_command(tool: str, source: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "out.onnx")
+        if tool == "onnxfuse":
+            args = [sys.executable, "-m", "onnxfuse", "optimize", str(source), "-o", out, "-q"]
+        else:
+            args = [sys.executable, "-c", _ONNXSCRIPT_COMMAND, str(source), out]
+        started = time.perf_counter()
+        done = subprocess.run(args, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            return {"error": lines[-1] if lines else f"exit {done.returncode}"}
+        if tool != "onnxfuse":
+            return {"seconds": seconds}
+        # Where the command's time goes, from a child doing the same steps.
+        phases = [sys.executable, __file__, "--run-phases", str(source), out]
+        found = json.loads(subprocess.run(phases, capture_output=True, check=True).stdout)
+    return {"seconds": seconds, **found}
+
+
+def _run_phases(source: str, output: str) -> dict:
+    started = time.perf_counter()
+    from onnxfuse.api import optimize_file, select_rules
+    from onnxfuse.optimizer import Options
+    from onnxfuse.targets import load_target
+
+    imported = time.perf_counter()
+    rules = select_rules()
+    loaded = time.perf_counter()
+    options = Options(target=load_target("cpu"))
+    targeted = time.perf_counter()
+    optimize_file(source, output, rules, options)
+    done = time.perf_counter()
+    return {
+        "import": imported - started,
+        "rules": loaded - imported,
+        "target": targeted - loaded,
+        "optimize_file": done - targeted,
+    }
+
+
 def scaling(folder: Path, max_nodes: int) -> dict:
     sizes = []
     nodes = 1000
@@ -306,6 +393,9 @@ def main() -> None:
         tool, source, output, heads, hidden, kind = sys.argv[2:8]
         print(json.dumps(_run_one(tool, source, output, int(heads), int(hidden), kind)))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--run-phases":
+        print(json.dumps(_run_phases(sys.argv[2], sys.argv[3])))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", type=Path)
     parser.add_argument("--repeat", type=int, default=3)
@@ -314,6 +404,7 @@ def main() -> None:
     )
     parser.add_argument("--only", nargs="+", help="bench export names (the exports set)")
     parser.add_argument("--scaling", type=int, default=0, metavar="MAX_NODES")
+    parser.add_argument("--commands", type=int, default=0, metavar="N")
     parser.add_argument("--external-gb", type=float, default=0.0)
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
@@ -322,6 +413,11 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     models = model_set(args.sets, folder, args.models, args.only)
     results: dict = {"environment": environment(args), "models": compare(models, args.repeat)}
+    if args.commands:
+        chosen = [m for m in models if m.kind == "sample"] + [
+            m for m in models if m.kind == "export"
+        ][:1]
+        results["commands"] = commands(chosen, args.commands)
     if args.scaling:
         results["scaling"] = scaling(folder, args.scaling)
     if args.external_gb:
