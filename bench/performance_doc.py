@@ -121,6 +121,28 @@ def scaling_table(scaling: dict) -> list[str]:
     return out
 
 
+def commands_table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| model | onnxfuse | import | rules | target | optimize_file | onnxscript |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        ours, theirs = row["onnxfuse"], row["onnxscript"]
+        if "seconds" not in ours or "seconds" not in theirs:
+            error = ours.get("error") or theirs.get("error")
+            lines.append(f"| {row['model']} | {error} | | | | | |")
+            continue
+        phases = " | ".join(
+            f"{ours[k]:.2f} s" for k in ("import", "rules", "target", "optimize_file")
+        )
+        ratio = theirs["seconds"] / ours["seconds"]
+        lines.append(
+            f"| {row['model']} | {ours['seconds']:.2f} s | {phases} | "
+            f"{theirs['seconds']:.2f} s (x{ratio:.2f}) |"
+        )
+    return lines
+
+
 def _latency_cell(v: dict | None) -> str:
     if v is None:
         return "-"
@@ -289,6 +311,21 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
             "",
             *speed_tables(speed["models"]),
         ]
+        if speed.get("commands"):
+            out += [
+                "## Whole commands",
+                "",
+                "What a user waits for: interpreter start to exit, median of "
+                f"{env.get('commands', '?')} runs",
+                "alternating. onnxfuse: `python -m onnxfuse optimize MODEL -o OUT -q`; onnxscript:",
+                "a `python -c` script importing onnxscript and doing the steps above. The phases",
+                "are onnxfuse's own, timed in a separate child doing the same steps (interpreter",
+                "start and exit are the rest). Both import onnx_ir, which imports sympy (about",
+                "1 s here).",
+                "",
+                *commands_table(speed["commands"]),
+                "",
+            ]
         if "scaling" in speed:
             out += [
                 "## Scaling",

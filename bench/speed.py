@@ -385,7 +385,12 @@ def external(folder: Path, gigabytes: float) -> dict:
 
 def environment(args) -> dict:
     """What the doc needs to say where the figures come from."""
-    return environment_record("speed.py", ["onnx", "onnxruntime", "onnxscript"], repeat=args.repeat)
+    return environment_record(
+        "speed.py",
+        ["onnx", "onnxruntime", "onnxscript"],
+        repeat=args.repeat,
+        commands=args.commands,
+    )
 
 
 def main() -> None:
