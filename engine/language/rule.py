@@ -148,15 +148,28 @@ def _node_lines(text: str, function: onnx.FunctionProto, offset: int) -> list[in
     start = 0
     for node in function.node:
         target = node.output[0] if node.output else node.op_type
-        pattern = re.compile(rf"(^|[\s,]){re.escape(target)}\s*(,|=)")
         for index in range(start, len(lines)):
-            if pattern.search(lines[index]) or node.op_type in lines[index]:
+            if _assigns(lines[index], target) or node.op_type in lines[index]:
                 found.append(index + offset)
                 start = index + 1
                 break
         else:
             found.append(offset)
     return found
+
+
+def _assigns(line: str, name: str) -> bool:
+    r"""Whether ``name`` is assigned in ``line``: after the start, a space or a comma,
+    before a comma or '=' (spaces aside). The regular expression
+    ``(^|[\s,])name\s*(,|=)`` without compiling one per name (0.08 s per start)."""
+    found = line.find(name)
+    while found >= 0:
+        before = line[found - 1] if found else ","
+        after = line[found + len(name) :].lstrip()[:1]
+        if (before == "," or before.isspace()) and after in (",", "="):
+            return True
+        found = line.find(name, found + 1)
+    return False
 
 
 def build_rule(

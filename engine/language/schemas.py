@@ -40,7 +40,7 @@ def known_op(domain: str, op_type: str) -> bool | None:
         # A kernel on this machine's (CPU) build, or a schema for another provider's
         # kernel (com.microsoft.NhwcConv runs on CUDA and DirectML only).
         key = (domain, op_type)
-        return key in onnxruntime_contrib_ops() or key in _contrib_versions()
+        return key in onnxruntime_contrib_ops() or key in _contrib_raw()
     return None
 
 
@@ -71,23 +71,32 @@ def op_schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | Non
 def _contrib_schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
     """onnxruntime's schema of an op in one of its own domains (com.microsoft, ...)."""
     chosen = None
-    for schema in _contrib_versions().get((domain, op_type), ()):
+    for schema in _contrib_versions(domain, op_type):
         if schema.since_version <= opset:
             chosen = schema
     return chosen
 
 
 @functools.cache
-def _contrib_versions() -> dict[tuple[str, str], tuple[onnx.defs.OpSchema, ...]]:
+def _contrib_raw() -> dict[tuple[str, str], tuple[Any, ...]]:
+    """onnxruntime's schemas of its own domains by op, oldest first, as its own objects:
+    converting all of them cost 0.03 s at every start, for the few ops rules use."""
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
-    found: dict[tuple[str, str], list[onnx.defs.OpSchema]] = {}
+    found: dict[tuple[str, str], list[Any]] = {}
     for schema in state.get_all_operator_schema():
         if schema.domain in ONNX_DOMAINS or schema.domain == "ai.onnx" or schema.deprecated:
             continue
-        converted = extension_ops._as_onnx_schema(schema, schema.domain)
-        found.setdefault((schema.domain, schema.name), []).append(converted)
+        found.setdefault((schema.domain, schema.name), []).append(schema)
     return {key: tuple(sorted(v, key=lambda s: s.since_version)) for key, v in found.items()}
+
+
+@functools.cache
+def _contrib_versions(domain: str, op_type: str) -> tuple[onnx.defs.OpSchema, ...]:
+    return tuple(
+        extension_ops._as_onnx_schema(schema, schema.domain)
+        for schema in _contrib_raw().get((domain, op_type), ())
+    )
 
 
 @functools.cache
