@@ -1,5 +1,3 @@
-import sys
+from onnxfuse.cli import run
 
-from onnxfuse.cli import main
-
-sys.exit(main())
+run()

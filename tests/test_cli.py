@@ -289,6 +289,36 @@ def test_progress_and_errors_do_not_leave_temporary_files(tmp_path, relu_model):
     assert leftovers == []
 
 
+def test_the_command_exits_fast_but_still_removes_its_temporary_directories(tmp_path, relu_model):
+    """The command skips interpreter teardown: exit handlers must still run."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "onnxfuse", "optimize", str(relu_model), "-o", "out.onnx"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "nodes 3 -> 2" in result.stdout  # the report was flushed before exiting
+    assert (tmp_path / "out.onnx").is_file()
+    # (other libraries may leave their own files there)
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("onnxfuse-")] == []
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    command = [sys.executable, "-m", "onnxfuse", "rules", "list"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.readline()
+        process.stdout.close()  # as `| head -1` does
+        errors = process.stderr.read().decode()
+        assert process.wait(timeout=300) == 1
+    assert errors == ""
+
+
 def test_nodes_out_of_order_are_sorted_not_rejected(tmp_path):
     nodes = [
         helper.make_node("Relu", ["t"], ["y"], name="second"),
