@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import onnx.defs
@@ -60,16 +60,24 @@ def _extension_versions() -> dict[str, tuple[onnx.defs.OpSchema, ...]]:
 
 
 @functools.cache
-def _onnxruntime_extension_schemas() -> tuple[object, ...]:
-    """onnxruntime's ai.onnx schemas at versions where no standard schema is in force."""
+def onnxruntime_schemas() -> tuple[Any, ...]:
+    """Every operator schema the installed onnxruntime registers, read once."""
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
+    return tuple(state.get_all_operator_schema())
+
+
+@functools.cache
+def _onnxruntime_extension_schemas() -> tuple[object, ...]:
+    """onnxruntime's ai.onnx schemas at versions where no standard schema is in force."""
     found = []
-    for schema in state.get_all_operator_schema():
+    for schema in onnxruntime_schemas():
         if schema.domain not in _AI_ONNX or schema.deprecated:
             continue
-        if standard_schema(schema.name, schema.since_version) is not None:
-            continue  # the standard's own op (onnxruntime registers those too)
+        # The standard's own op (onnxruntime registers those too); `has` builds no
+        # schema object, unlike standard_schema (0.025 s over onnxruntime's 646).
+        if onnx.defs.has(schema.name, schema.since_version, ""):
+            continue
         found.append(schema)
     return tuple(found)
 

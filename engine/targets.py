@@ -23,7 +23,7 @@ import onnx.defs
 
 from onnxfuse.errors import OnnxfuseError, one_line
 from onnxfuse.language import schemas
-from onnxfuse.language.heap import old_objects_frozen
+from onnxfuse.language.heap import collector_paused
 from onnxfuse.language.rule import Rule
 from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
 from onnxfuse.target_params import parse_params, split_spec
@@ -319,7 +319,7 @@ def load_target(name_or_path: str) -> Target:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TargetError(f"cannot read target file: {exc}", path) from None
-    with old_objects_frozen():
+    with collector_paused():
         try:
             data = load_yaml(text)
         except YamlError as exc:

@@ -166,8 +166,20 @@ def _walk(tree: ast.AST) -> tuple[list[ast.AST], int]:
     while level:
         depth += 1
         order.extend(level)
-        level = [child for node in level for child in ast.iter_child_nodes(node)]
+        level = [child for node in level for child in _children(node)]
     return order, depth
+
+
+def _children(node: ast.AST) -> list[ast.AST]:
+    """``ast.iter_child_nodes`` as a list, without its two generators."""
+    found: list[ast.AST] = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if isinstance(value, ast.AST):
+            found.append(value)
+        elif isinstance(value, list):
+            found.extend(item for item in value if isinstance(item, ast.AST))
+    return found
 
 
 def evaluate(tree: ast.Expression, names: Mapping[str, Any], dialect: Dialect) -> Any:

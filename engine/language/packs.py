@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from onnxfuse.errors import RuleError
-from onnxfuse.language.heap import old_objects_frozen
+from onnxfuse.language.heap import collector_paused
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.language.rulefile import load_rule_file
 from onnxfuse.language.yaml_lines import LineMap, YamlError, load_yaml
@@ -152,7 +152,7 @@ def load_pack(folder: str | Path) -> list[Rule]:
 
 def load_packs(paths: list[str | Path]) -> list[Pack]:
     """Rule files and pack folders, in order, each with its manifest."""
-    with old_objects_frozen():
+    with collector_paused():
         return [_load_one(Path(path)) for path in paths]
 
 
@@ -173,7 +173,7 @@ def load_rules(paths: list[str | Path]) -> list[Rule]:
 def load_builtin_packs(packs: list[str] | None = None) -> list[Pack]:
     root = builtin_rules_dir()
     found: list[Pack] = []
-    with old_objects_frozen():
+    with collector_paused():
         for name in packs if packs is not None else builtin_pack_names():
             folder = root / name
             if not folder.is_dir():

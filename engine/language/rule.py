@@ -109,7 +109,7 @@ def parse_pattern_text(
     full = text if has_header else _PATTERN_HEADER.format(opset=_DEFAULT_PATTERN_OPSET) + text
     offset = first_line - (0 if has_header else 1)
     try:
-        function = onnx.parser.parse_function(full)
+        function, lines = _parse_function(full)
     except onnx.parser.ParseError as exc:
         message, line = _parse_error(exc)
         raise RuleDefinitionError(
@@ -118,7 +118,7 @@ def parse_pattern_text(
         ) from None
     except (RuntimeError, ValueError, IndexError) as exc:  # e.g. a literal out of range
         raise RuleDefinitionError(f"{role}: invalid pattern: {exc}", first_line) from None
-    node_lines = _node_lines(full, function, offset)
+    node_lines = [line + offset for line in lines]
     if op_types:
         used = opsets.substitute(function, op_types)
         unused = [name for name in op_types if name not in used]
@@ -130,6 +130,26 @@ def parse_pattern_text(
         return compile_function(function, role=role, commutative=commutative, node_lines=node_lines)
     except PatternError as exc:
         raise RuleDefinitionError(f"{role}: {exc}", exc.line or first_line) from None
+
+
+# Parsed pattern texts with their node lines: an op-set family parses one text per
+# member (its op types are substituted after parsing). Bounded, like the guard cache.
+_PARSED: dict[str, tuple[onnx.FunctionProto, list[int]]] = {}
+_MAX_PARSED = 4096
+
+
+def _parse_function(text: str) -> tuple[onnx.FunctionProto, list[int]]:
+    """``text`` parsed (a copy: substitution changes it) and each node's line in it."""
+    found = _PARSED.get(text)
+    if found is None:
+        function = onnx.parser.parse_function(text)
+        found = (function, _node_lines(text, function, 0))
+        if len(_PARSED) >= _MAX_PARSED:
+            _PARSED.clear()
+        _PARSED[text] = found
+    copy = onnx.FunctionProto()
+    copy.CopyFrom(found[0])
+    return copy, found[1]
 
 
 def _parse_error(exc: onnx.parser.ParseError) -> tuple[str, int | None]:

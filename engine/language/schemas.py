@@ -81,10 +81,8 @@ def _contrib_schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema
 def _contrib_raw() -> dict[tuple[str, str], tuple[Any, ...]]:
     """onnxruntime's schemas of its own domains by op, oldest first, as its own objects:
     converting all of them cost 0.03 s at every start, for the few ops rules use."""
-    from onnxruntime.capi import onnxruntime_pybind11_state as state
-
     found: dict[tuple[str, str], list[Any]] = {}
-    for schema in state.get_all_operator_schema():
+    for schema in extension_ops.onnxruntime_schemas():
         if schema.domain in ONNX_DOMAINS or schema.domain == "ai.onnx" or schema.deprecated:
             continue
         found.setdefault((schema.domain, schema.name), []).append(schema)
