@@ -128,6 +128,8 @@ _TAG = "tag:yaml.org,2002:"
 _STR, _MAP, _SEQ = _TAG + "str", _TAG + "map", _TAG + "seq"
 # Scalars PyYAML's safe constructors build by themselves (no state, no generators).
 _PLAIN_SCALARS = frozenset(_TAG + t for t in ("int", "float", "bool", "null"))
+# Mapping keys flatten_mapping acts on: merges (<<) and values (=).
+_MERGING_TAGS = frozenset((_TAG + "merge", _TAG + "value"))
 
 
 class _Unusual(Exception):
@@ -172,22 +174,27 @@ class _FastBuilder:
 
     def _mapping(self, node: yaml.MappingNode) -> LineMap:
         """As _construct_mapping, which stays the reference (errors come from it)."""
-        self.loader.flatten_mapping(node)
+        pairs = node.value
+        if any(key.tag in _MERGING_TAGS for key, _ in pairs):
+            self.loader.flatten_mapping(node)  # does nothing without those keys
+            pairs = node.value
         result = LineMap()
         result.line = node.start_mark.line + 1
         lines = result.value_lines
-        for key_node, value_node in node.value:
+        item = self._item
+        for key_node, value_node in pairs:
             if type(key_node) is not yaml.ScalarNode:
                 raise _Unusual("mapping key")
             key = key_node.value if key_node.tag == _STR else self.build(key_node)
             if key in result:
                 raise _Unusual("duplicate key")
-            result[key], lines[str(key)] = self._item(value_node)
+            result[key], lines[str(key)] = item(value_node)
         return result
 
     def _sequence(self, node: yaml.SequenceNode) -> LineList:
-        items = [self._item(child) for child in node.value]
-        result = LineList([item for item, _ in items])
+        item = self._item
+        items = [item(child) for child in node.value]
+        result = LineList([value for value, _ in items])
         result.line = node.start_mark.line + 1
         result.item_lines = [line for _, line in items]
         return result
