@@ -17,7 +17,7 @@ from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
 from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
 from onnxfuse.language.rule import Rule
 from onnxfuse.matcher import Matcher, ModelContext
-from onnxfuse.model_io import check_model, load_model, save_model
+from onnxfuse.model_io import check_model, load_model_and_types, save_model
 from onnxfuse.naming import all_graphs
 from onnxfuse.optimizer import Options, Report, normalize, optimize
 from onnxfuse.spill import spilling
@@ -68,10 +68,10 @@ def optimize_file(
     if output is not None and Path(output).resolve() == source.resolve():
         raise OnnxfuseError(f"{output}: refusing to overwrite the input model")
     target = options.target if options is not None else None
-    model = load_model(source, target=target)
+    model, inferred = load_model_and_types(source, target)
     # Large folded values wait on disk for the save (from 1 MiB with external weights).
     with spilling(model), _long_lived_objects_frozen():
-        report = optimize(model, rules, options)
+        report = optimize(model, rules, options, inferred)
         record_layout_assumptions(model, target)
         _write_or_check(model, source, output, target)
     return report

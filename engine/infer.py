@@ -123,7 +123,11 @@ def _tensor_type(type_str: str) -> ir.DataType | None:
     return ir.DataType.__members__.get(type_str[7:-1].upper())
 
 
-def infer_shapes(model: ir.Model) -> None:
+# onnx's inferred types of a model's values, by name (``inferred_types``).
+InferredTypes = dict[str, onnx.TypeProto]
+
+
+def infer_shapes(model: ir.Model, inferred: InferredTypes | None = None) -> None:
     """onnx's shape inference over the whole model, through extension ops.
 
     onnx leaves the outputs of extension ops, and everything computed from them,
@@ -131,9 +135,13 @@ def infer_shapes(model: ir.Model) -> None:
     their stand-ins and the nodes after them by their own schemas (node by node),
     then onnx's inference runs again to refine what the walk could not see
     (shapes computed at run time). A help, not a requirement: where inference
-    fails, values stay as they were.
+    fails, values stay as they were. ``inferred``: onnx's first inference, already
+    made on the model's protobuf as loaded (``model_io.load_model_and_types``).
     """
-    _infer_once(model)
+    if inferred is None:
+        _infer_once(model)
+    else:
+        _apply_types(model, inferred)
     if _type_through_extension_ops(model):
         _infer_once(model)
 
@@ -197,12 +205,26 @@ def _infer_once(model: ir.Model) -> None:
     try:
         with _weights_as_placeholders(model):
             proto = ir.serde.serialize_model(model)
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    except Exception:  # too large to serialize, or onnx gave up: keep what we have
+    except Exception:  # too large to serialize: keep what we have
         return
-    del proto
-    found: dict[str, onnx.TypeProto] = {}
+    found = inferred_types(proto)
+    if found is not None:
+        _apply_types(model, found)
+
+
+def inferred_types(proto: onnx.ModelProto) -> InferredTypes | None:
+    """onnx's inference over ``proto``, not strict, with data propagation; None where
+    onnx gave up."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception:  # onnx gave up: keep what we have
+        return None
+    found: InferredTypes = {}
     _collect_types(inferred.graph, found)
+    return found
+
+
+def _apply_types(model: ir.Model, found: InferredTypes) -> None:
     for graph in (model.graph, *subgraphs(model.graph)):
         for value in _graph_values(graph):
             type_proto = found.get(value.name or "")

@@ -24,7 +24,12 @@ from google.protobuf.message import DecodeError, Message
 from onnxfuse.check_directory import check_by_path
 from onnxfuse.errors import InvariantError, ModelError
 from onnxfuse.extension_ops import checker_view, holds_accepted
-from onnxfuse.infer import extension_output_types, weights_as_placeholders
+from onnxfuse.infer import (
+    InferredTypes,
+    extension_output_types,
+    inferred_types,
+    weights_as_placeholders,
+)
 from onnxfuse.model_writer import (
     PLACEHOLDER,
     GraphScan,
@@ -54,6 +59,8 @@ _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 # the model's weights per check). No operator's inference reads tensors this large
 # (shape-like inputs hold one element per dimension).
 _STRIP_MIN_BYTES = 64 * 1024
+# Weight data in memory up to which onnx's inference runs on the protobuf as parsed.
+_INFER_AS_PARSED_MAX_BYTES = 16 << 20
 CHECK_PLACEHOLDER = PLACEHOLDER
 
 
@@ -66,6 +73,21 @@ def load_model(
     non-ONNX file, or a model that fails ``onnx.checker`` (extension ops the
     ``target`` runs are allowed).
     """
+    return _load(_existing(path), check, target, split=True, types=False)[0]
+
+
+def load_model_and_types(
+    path: str | os.PathLike, target: Target | None = None
+) -> tuple[ir.Model, InferredTypes | None]:
+    """``load_model``, checked, with onnx's inference of its types made on the protobuf
+    as parsed: ``optimize`` takes them for its first inference instead of serializing
+    the model again (5 ms on a small CNN, 50 ms on BERT-base). None where that protobuf
+    is not the model ``optimize`` would infer: nodes out of order, IR before 4 (inputs
+    that are initializers), subgraphs or functions, or much weight data in memory."""
+    return _load(_existing(path), True, target, split=True, types=True)
+
+
+def _existing(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.exists():
         raise ModelError(f"{path}: no such file")
@@ -73,10 +95,12 @@ def load_model(
         raise ModelError(f"{path}: not a file")
     if path.stat().st_size == 0:
         raise ModelError(f"{path}: empty file, not an ONNX model")
-    return _load(path, check, target, split=True)
+    return path
 
 
-def _load(path: Path, check: bool, target: Target | None, split: bool) -> ir.Model:
+def _load(
+    path: Path, check: bool, target: Target | None, split: bool, types: bool
+) -> tuple[ir.Model, InferredTypes | None]:
     try:
         proto, ranges, stat, lazy = _read_proto(path, split)
     except (DecodeError, RuntimeError, ValueError, OSError) as exc:
@@ -90,18 +114,47 @@ def _load(path: Path, check: bool, target: Target | None, split: bool) -> ir.Mod
         failure = _check_loaded(path, proto, target, ranges, lazy) if check else None
     except OSError as exc:
         raise ModelError(f"{path}: cannot check the model ({_first_line(exc)})") from None
+    inferred = None
+    if types and check and failure is None and _inferable_as_parsed(proto, ranges, lazy, path):
+        inferred = inferred_types(proto)
     try:
         model = ir.from_proto(proto)
     except Exception as exc:  # onnx_ir raises many types on malformed graphs
         raise ModelError(f"{path}: cannot be read as an ONNX graph ({_first_line(exc)})") from None
     if lazy and not _attach_source_tensors(model, path, stat, lazy):
-        return _load(path, check, target, split=False)  # the graph did not take them all
+        # the graph did not take them all
+        return _load(path, check, target, split=False, types=types)
     if failure is not None and not _valid_once_sorted(model, failure, target):
         raise ModelError(f"{path}: fails the ONNX checker: {failure}")
     _attach_external_data_base(model, path.parent)
     if stat is not None:
         remember_source(model, path, stat, ranges)
-    return model
+    return model, inferred
+
+
+def _inferable_as_parsed(
+    proto: onnx.ModelProto,
+    ranges: dict[str, tuple[int, int, int, int]],
+    lazy: dict[str, LazyEntry],
+    path: Path,
+) -> bool:
+    """Whether onnx's inference over ``proto`` as parsed types the model ``normalize``
+    infers (checked nodes in order; no IR-3 inputs that are initializers; one graph),
+    without copying much weight data (inference serializes its input)."""
+    if proto.ir_version < 4 or proto.functions:
+        return False
+    for node in proto.graph.node:
+        if any(a.HasField("g") or a.graphs for a in node.attribute):
+            return False
+    in_memory = 0
+    for tensor in proto.graph.initializer:
+        if tensor.name in lazy:
+            continue
+        found = ranges.get(tensor.name)
+        if found is None:
+            return path.stat().st_size <= _INFER_AS_PARSED_MAX_BYTES
+        in_memory += found[3]
+    return in_memory <= _INFER_AS_PARSED_MAX_BYTES
 
 
 def _read_proto(

@@ -12,7 +12,7 @@ import onnx_ir.passes.common as common_passes
 
 from onnxfuse.errors import InvariantError
 from onnxfuse.folding import DEFAULT_FOLD_LIMIT_BYTES, FoldContext, Folder
-from onnxfuse.infer import infer_shapes
+from onnxfuse.infer import InferredTypes, infer_shapes
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.matcher import Match, Matcher, ModelContext, StructureMemo
 from onnxfuse.naming import NameSource, all_graphs, region_hash, subgraphs
@@ -90,8 +90,15 @@ def order_rules(rules: list[Rule]) -> list[Rule]:
     return [r for _, r in sorted(enumerate(rules), key=lambda p: (-p[1].benefit, p[0]))]
 
 
-def optimize(model: ir.Model, rules: list[Rule], options: Options | None = None) -> Report:
-    """Optimize ``model`` in place with ``rules``; return what happened."""
+def optimize(
+    model: ir.Model,
+    rules: list[Rule],
+    options: Options | None = None,
+    inferred: InferredTypes | None = None,
+) -> Report:
+    """Optimize ``model`` in place with ``rules``; return what happened. ``inferred``:
+    onnx's inference of the model's types as loaded (``load_model_and_types``), if the
+    model is unchanged since."""
     options = options or Options()
     started = time.perf_counter()
     report = Report(nodes_before=count_nodes(model), ops_before=op_histogram(model))
@@ -99,7 +106,7 @@ def optimize(model: ir.Model, rules: list[Rule], options: Options | None = None)
     _adopt_ir4_initializers(model)
     interface = _interface(model)
     names = NameSource(model)
-    folder = normalize(model, names, options.fold_limit_bytes)
+    folder = normalize(model, names, options.fold_limit_bytes, inferred)
 
     # Phases run in order, each to its own fixpoint (layout after fusion).
     matchers = _Matchers(options.target)
@@ -344,12 +351,14 @@ def normalize(
     model: ir.Model,
     names: NameSource | None = None,
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
+    inferred: InferredTypes | None = None,
 ) -> Folder:
-    """Constants as initializers, constant subgraphs folded, shapes inferred."""
+    """Constants as initializers, constant subgraphs folded, shapes inferred
+    (``inferred``: onnx's inference of the model as loaded, if unchanged since)."""
     _adopt_ir4_initializers(model)
     _LiftConstants(lift_all_constants=True, size_limit=0)(model)
     _small_constants_in_memory(model)
-    infer_shapes(model)
+    infer_shapes(model, inferred)
     function_graphs = frozenset(
         id(g)
         for function in model.functions.values()
