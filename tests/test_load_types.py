@@ -31,7 +31,7 @@ def _reshape_model() -> onnx.ModelProto:
 def test_types_as_loaded_are_the_ones_optimize_would_infer(tmp_path: Path) -> None:
     path = tmp_path / "m.onnx"
     onnx.save(_reshape_model(), path)
-    model, inferred = load_model_and_types(path)
+    _, inferred = load_model_and_types(path)
     assert inferred is not None
     assert inferred["r"].tensor_type.elem_type == onnx.TensorProto.FLOAT
     assert [d.dim_value for d in inferred["r"].tensor_type.shape.dim] == [2, 3]
