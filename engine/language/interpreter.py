@@ -86,6 +86,9 @@ _ALLOWED_NODES = (
     *_COMPARE,
 )
 
+# A set lookup first: isinstance with the tuple tries its types one by one.
+_ALLOWED_TYPES = frozenset(_ALLOWED_NODES)
+
 
 def check_syntax(
     text: Any, dialect: Dialect, error: type[Exception], what: str = "expression"
@@ -122,7 +125,7 @@ def _check_node(
 ) -> None:
     if isinstance(node, ast.comprehension) and (node.is_async or not _simple_target(node.target)):
         raise error(f"only `for name in ...` comprehensions are allowed ({text!r})")
-    if not isinstance(node, _ALLOWED_NODES):
+    if type(node) not in _ALLOWED_TYPES and not isinstance(node, _ALLOWED_NODES):
         raise error(f"{type(node).__name__} is not allowed in a {what} ({text!r})")
     if isinstance(node, ast.Call):
         _check_call(node, text, dialect, error, what)
@@ -178,7 +181,9 @@ def _children(node: ast.AST) -> list[ast.AST]:
         if isinstance(value, ast.AST):
             found.append(value)
         elif isinstance(value, list):
-            found.extend(item for item in value if isinstance(item, ast.AST))
+            for item in value:
+                if isinstance(item, ast.AST):
+                    found.append(item)
     return found
 
 

@@ -109,7 +109,7 @@ def parse_pattern_text(
     full = text if has_header else _PATTERN_HEADER.format(opset=_DEFAULT_PATTERN_OPSET) + text
     offset = first_line - (0 if has_header else 1)
     try:
-        function, lines = _parse_function(full)
+        function, lines = _parse_function(full, private=bool(op_types))
     except onnx.parser.ParseError as exc:
         message, line = _parse_error(exc)
         raise RuleDefinitionError(
@@ -138,8 +138,9 @@ _PARSED: dict[str, tuple[onnx.FunctionProto, list[int]]] = {}
 _MAX_PARSED = 4096
 
 
-def _parse_function(text: str) -> tuple[onnx.FunctionProto, list[int]]:
-    """``text`` parsed (a copy: substitution changes it) and each node's line in it."""
+def _parse_function(text: str, *, private: bool) -> tuple[onnx.FunctionProto, list[int]]:
+    """``text`` parsed and each node's line in it. Compiling a pattern only reads the
+    function; a ``private`` copy is for substituting op types into."""
     found = _PARSED.get(text)
     if found is None:
         function = onnx.parser.parse_function(text)
@@ -147,6 +148,8 @@ def _parse_function(text: str) -> tuple[onnx.FunctionProto, list[int]]:
         if len(_PARSED) >= _MAX_PARSED:
             _PARSED.clear()
         _PARSED[text] = found
+    if not private:
+        return found
     copy = onnx.FunctionProto()
     copy.CopyFrom(found[0])
     return copy, found[1]

@@ -129,6 +129,14 @@ def schemas_in_range(
     domain: str, op_type: str, low: int | None, high: int | None
 ) -> list[onnx.defs.OpSchema]:
     """Every version of an op's schema in force somewhere in opsets [low, high]."""
+    return list(_schemas_in_range(domain, op_type, low, high))
+
+
+@functools.cache
+def _schemas_in_range(
+    domain: str, op_type: str, low: int | None, high: int | None
+) -> tuple[onnx.defs.OpSchema, ...]:
+    # Cached: every rule's every node asks (2.5k times for the built-in packs).
     versions = _history().get((domain, op_type))
     if versions is None:  # an op only onnxruntime defines, or none at all
         versions = list(extension_ops.extension_versions(op_type)) if domain == "" else []
@@ -140,7 +148,7 @@ def schemas_in_range(
         if low is not None and ends is not None and ends < low:
             continue
         chosen.append(schema)
-    return chosen
+    return tuple(chosen)
 
 
 def input_is_optional(domain: str, op_type: str, opset: int, index: int) -> bool:
