@@ -71,7 +71,8 @@ def optimize_file(
     model, inferred = load_model_and_types(source, target)
     # Large folded values wait on disk for the save (from 1 MiB with external weights).
     with spilling(model), _long_lived_objects_frozen():
-        report = optimize(model, rules, options, inferred)
+        # With an output, the last shape inference runs on the protobuf the save writes.
+        report = optimize(model, rules, options, inferred, final_inference=output is None)
         record_layout_assumptions(model, target)
         _write_or_check(model, source, output, target)
     return report
@@ -100,7 +101,7 @@ def _write_or_check(
         if output is None:
             check_model(model, target)
         else:
-            save_model(model, output, target)
+            save_model(model, output, target, infer=True)
     except InvariantError as exc:
         output_name = _declared_output_conflict(model, str(exc))
         if output_name is not None:

@@ -127,7 +127,9 @@ def _tensor_type(type_str: str) -> ir.DataType | None:
 InferredTypes = dict[str, onnx.TypeProto]
 
 
-def infer_shapes(model: ir.Model, inferred: InferredTypes | None = None) -> None:
+def infer_shapes(
+    model: ir.Model, inferred: InferredTypes | None = None, outputs: bool = True
+) -> bool:
     """onnx's shape inference over the whole model, through extension ops.
 
     onnx leaves the outputs of extension ops, and everything computed from them,
@@ -136,14 +138,18 @@ def infer_shapes(model: ir.Model, inferred: InferredTypes | None = None) -> None
     then onnx's inference runs again to refine what the walk could not see
     (shapes computed at run time). A help, not a requirement: where inference
     fails, values stay as they were. ``inferred``: onnx's first inference, already
-    made on the model's protobuf as loaded (``model_io.load_model_and_types``).
+    made on a protobuf of the model (as loaded, or as it is about to be saved).
+    ``outputs``: False leaves the graph outputs' declared types alone. Whether any
+    value's type or shape changed.
     """
     if inferred is None:
-        _infer_once(model)
+        changed = _infer_once(model, outputs)
     else:
-        _apply_types(model, inferred)
+        changed = _apply_types(model, inferred, outputs)
     if _type_through_extension_ops(model):
-        _infer_once(model)
+        _infer_once(model, outputs)
+        changed = True
+    return changed
 
 
 def _type_through_extension_ops(model: ir.Model) -> bool:
@@ -193,7 +199,7 @@ def extension_output_types(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return found
 
 
-def _infer_once(model: ir.Model) -> None:
+def _infer_once(model: ir.Model, outputs: bool = True) -> bool:
     """Types and shapes for every value of the model's graphs that onnx can infer.
 
     onnx's own inference on a serialized copy, merged back by value name. Lighter
@@ -206,10 +212,9 @@ def _infer_once(model: ir.Model) -> None:
         with _weights_as_placeholders(model):
             proto = ir.serde.serialize_model(model)
     except Exception:  # too large to serialize: keep what we have
-        return
+        return False
     found = inferred_types(proto)
-    if found is not None:
-        _apply_types(model, found)
+    return found is not None and _apply_types(model, found, outputs)
 
 
 def inferred_types(proto: onnx.ModelProto) -> InferredTypes | None:
@@ -224,9 +229,13 @@ def inferred_types(proto: onnx.ModelProto) -> InferredTypes | None:
     return found
 
 
-def _apply_types(model: ir.Model, found: InferredTypes) -> None:
+def _apply_types(model: ir.Model, found: InferredTypes, outputs: bool = True) -> bool:
+    changed = False
+    kept = set() if outputs else {id(v) for v in model.graph.outputs}
     for graph in (model.graph, *subgraphs(model.graph)):
         for value in _graph_values(graph):
+            if id(value) in kept:
+                continue
             type_proto = found.get(value.name or "")
             if type_proto is None or not type_proto.HasField("tensor_type"):
                 continue
@@ -237,8 +246,11 @@ def _apply_types(model: ir.Model, found: InferredTypes) -> None:
                 continue
             if value.type is None and dtype is not None:
                 value.type = dtype
+                changed = True
             if shape is not None and value.shape != shape:
                 value.shape = shape
+                changed = True
+    return changed
 
 
 def _weights_as_placeholders(model: ir.Model) -> AbstractContextManager[None]:

@@ -27,6 +27,7 @@ from onnxfuse.extension_ops import checker_view, holds_accepted
 from onnxfuse.infer import (
     InferredTypes,
     extension_output_types,
+    infer_shapes,
     inferred_types,
     weights_as_placeholders,
 )
@@ -548,13 +549,17 @@ def _check_serialized(model: ir.Model, stripped: onnx.ModelProto, target: Target
         raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
 
 
-def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None = None) -> None:
+def save_model(
+    model: ir.Model, path: str | os.PathLike, target: Target | None = None, infer: bool = False
+) -> None:
     """Write ``model`` to ``path`` atomically: a temporary file, checked, then renamed.
 
     Models with external weights, or too large for one protobuf, are written
     with their weights in ``<name>.data`` beside the model. A model that fails
     onnx's full checker is not written (extension ops the ``target`` runs are
-    allowed).
+    allowed). ``infer``: first type the model's values by onnx's shape inference
+    (graph outputs keep their declared types), made on the protobuf the save
+    serializes anyway; it is serialized again only if inference changed something.
     """
     path = Path(path)
     if path.exists() and path.is_dir():
@@ -563,10 +568,14 @@ def save_model(model: ir.Model, path: str | os.PathLike, target: Target | None =
         raise ModelError(f"{path.parent}: output directory does not exist")
     external = _needs_external_data(model)
     serialized = None
+    if external and infer:
+        infer_shapes(model, outputs=False)
     if not external:
         load_spilled(model)
-        # One serialization, large weights as placeholders: checked, then written.
+        # One serialization, large weights as placeholders: inferred, checked, written.
         serialized = serialize_stripped(model)
+        if infer and infer_shapes(model, inferred_types(serialized[0]) or {}, outputs=False):
+            serialized = serialize_stripped(model)
         _check_serialized(model, serialized[0], target)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     # Written through the descriptor made with the file, not reopened: ext4 flushes a file

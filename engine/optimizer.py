@@ -95,10 +95,12 @@ def optimize(
     rules: list[Rule],
     options: Options | None = None,
     inferred: InferredTypes | None = None,
+    final_inference: bool = True,
 ) -> Report:
     """Optimize ``model`` in place with ``rules``; return what happened. ``inferred``:
     onnx's inference of the model's types as loaded (``load_model_and_types``), if the
-    model is unchanged since."""
+    model is unchanged since. ``final_inference``: False leaves the last shape inference
+    to the caller (``save_model(..., infer=True)`` makes it on the protobuf it writes)."""
     options = options or Options()
     started = time.perf_counter()
     report = Report(nodes_before=count_nodes(model), ops_before=op_histogram(model))
@@ -118,7 +120,7 @@ def optimize(
 
     for graph in all_graphs(model):
         folder.fold_graph(graph)
-    _cleanup(model)
+    _cleanup(model, final_inference)
     _restore_interface(model, interface)
     report.folded = folder.folded
     report.nodes_after = count_nodes(model)
@@ -440,13 +442,14 @@ def _merge_duplicates(model: ir.Model) -> None:
     common_passes.CommonSubexpressionEliminationPass()(model)
 
 
-def _cleanup(model: ir.Model) -> None:
+def _cleanup(model: ir.Model, infer: bool) -> None:
     common_passes.RemoveUnusedNodesPass()(model)
     _merge_duplicates(model)
     common_passes.RemoveUnusedNodesPass()(model)
     common_passes.RemoveUnusedOpsetsPass()(model)
     common_passes.TopologicalSortPass()(model)
-    infer_shapes(model)  # through onnxruntime's ai.onnx extension ops too
+    if infer:
+        infer_shapes(model)  # through onnxruntime's ai.onnx extension ops too
 
 
 @dataclass

@@ -105,3 +105,23 @@ def test_no_types_as_loaded_where_the_protobuf_is_not_what_optimize_infers(build
     loaded, inferred = load_model_and_types(path)
     assert inferred is None
     assert len(loaded.graph) == len(model.graph.node)
+
+
+def test_save_infers_on_what_it_writes_and_keeps_declared_outputs(tmp_path: Path) -> None:
+    """The last inference made by the save: values typed, graph outputs as declared."""
+    nodes = [helper.make_node("Relu", ["x"], ["t"]), helper.make_node("Neg", ["t"], ["y"])]
+    declared = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3])
+    source = make_model(nodes, [tensor_input("x", [2, 3])], [declared])
+    model = _load_from(source, tmp_path)
+    assert model.graph.node(0).outputs[0].shape is None  # nothing inferred yet
+    save_model(model, tmp_path / "out.onnx", infer=True)
+    written = onnx.load(tmp_path / "out.onnx")
+    info = {v.name: v for v in written.graph.value_info}
+    assert [d.dim_value for d in info["t"].type.tensor_type.shape.dim] == [2, 3]
+    assert [d.dim_param for d in written.graph.output[0].type.tensor_type.shape.dim] == ["N", ""]
+
+
+def _load_from(proto: onnx.ModelProto, folder: Path):
+    path = folder / "in.onnx"
+    onnx.save(proto, path)
+    return load_model(path)
