@@ -8,7 +8,7 @@ every order by backtracking, so a rule is never copied per input order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from onnxfuse.language.guards import Guard, GuardUnknown, ValueRef, constant_ten
 from onnxfuse.language.pattern import AttrLiteral, AttrRef, Pattern, PatternNode, PatternValue
 from onnxfuse.language.rule import ALTERNATIVE, TARGET_PARAMS, Rule
 from onnxfuse.targets import Target
+from onnxfuse.targets_facts import value_facts
 
 # Marks an attribute bound by the pattern but absent on the node, without a default.
 ABSENT = type("Absent", (), {"__repr__": lambda self: "<absent>"})()
@@ -87,6 +88,7 @@ class Matcher:
         self._anchors = [source.anchor for source in rule.sources]
         # Pattern nodes that accept any further attributes, which the target copies.
         self.open_nodes: dict[int, str] = {}
+        self._verdicts: dict[Hashable, list[str]] = {}  # the target's, by facts
         for source_name, target_name in rule.copy_attributes.items():
             for source in rule.sources:
                 producer = source.values[source_name].producer
@@ -478,26 +480,69 @@ class Matcher:
             if id(p) in self.open_nodes
         }
         if self.target is not None:
-            constants = {
-                name
-                for name, value in state.values.items()
-                if constant_tensor(value, self.context.ir_version) is not None
-            }
-            missing = self.target.unsupported_ops(
-                self.rule,
-                constants,
-                self.context.opsets,
-                values=state.values,
-                outputs=outputs,
-                attrs={k: v for k, v in attrs.items() if v is not ABSENT},
-                copied=copied,
-                ir_version=self.context.ir_version,
-            )
+            missing = self._unsupported(state, outputs, attrs, copied)
             if missing:
                 self._fail(f"target '{self.target.name}' cannot run {', '.join(missing)}")
                 return None
         ordered = [state.nodes[p.index] for p in source.nodes]
         return Match(self.rule, source, ordered, dict(state.values), attrs, outputs, copied)
+
+    def _unsupported(
+        self,
+        state: _State,
+        outputs: list[ir.Value],
+        attrs: dict[str, Any],
+        copied: dict[str, dict[str, Any]],
+    ) -> list[str]:
+        """What a firing would create that the target cannot run. The verdict follows
+        from the facts of the target's inputs and outputs and from the attributes alone:
+        it is kept per set of facts (a fusion fires once per layer with equal facts)."""
+        assert self.target is not None
+        present = {k: v for k, v in attrs.items() if v is not ABSENT}
+        key = self._facts_key(state.values, outputs, present, copied)
+        if key is not None and key in self._verdicts:
+            return self._verdicts[key]
+        constants = {
+            name
+            for name, value in state.values.items()
+            if constant_tensor(value, self.context.ir_version) is not None
+        }
+        missing = self.target.unsupported_ops(
+            self.rule,
+            constants,
+            self.context.opsets,
+            values=state.values,
+            outputs=outputs,
+            attrs=present,
+            copied=copied,
+            ir_version=self.context.ir_version,
+        )
+        if key is not None:
+            self._verdicts[key] = missing
+        return missing
+
+    def _facts_key(
+        self,
+        values: dict[str, ir.Value | None],
+        outputs: list[ir.Value],
+        attrs: dict[str, Any],
+        copied: dict[str, dict[str, Any]],
+    ) -> Hashable | None:
+        """What ``created_nodes`` reads of a match, as a key; None if an attribute holds
+        something without a plain value (a tensor, a graph)."""
+        version = self.context.ir_version
+        try:
+            return (
+                tuple(
+                    value_facts(values[name], version) if name in values else "unbound"
+                    for name in self.rule.target.input_names()
+                ),
+                tuple(value_facts(value, version) for value in outputs),
+                _frozen(attrs),
+                _frozen(copied),
+            )
+        except _NoPlainValue:
+            return None
 
     def _guard_names(self, source: Pattern, state: _State) -> dict[str, Any]:
         names: dict[str, Any] = {
@@ -566,3 +611,23 @@ def _show(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"tensor{list(value.shape)}"
     return repr(value)
+
+
+class _NoPlainValue(Exception):
+    pass
+
+
+def _frozen(value: Any) -> Hashable:
+    """``value`` as a key that equals another's exactly when the values are equal and of
+    the same kinds (1, 1.0 and True apart)."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return (type(value).__name__, value)
+    if isinstance(value, (list, tuple)):
+        return ("seq", tuple(_frozen(v) for v in value))
+    if isinstance(value, dict):
+        return ("map", tuple((k, _frozen(v)) for k, v in sorted(value.items())))
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind != "O":
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, ir.Attr):
+        return ("attr", value.name, value.type, _frozen(value.value))
+    raise _NoPlainValue

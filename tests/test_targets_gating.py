@@ -203,6 +203,34 @@ def test_fused_conv_follows_the_capability_file(rules, target, dtype, fused):
     assert ("com.microsoft::FusedConv" in ops) is fused
 
 
+def test_one_rule_gets_each_verdict_its_facts_call_for(rules):
+    """The target's verdicts are kept per rule by facts: a float32 Conv + Relu fuses
+    on cpu and a float16 one beside it in the same model does not, in either order."""
+    for first, second in ((F32, F16), (F16, F32)):
+        parts = [conv_relu(first), conv_relu(second)]
+        nodes, inputs, outputs, inits = [], [], [], []
+        for k, part in enumerate(parts):
+            rename = {n: f"{n}{k}" for n in ("x", "w", "b", "c", "y")}
+            for node in part.graph.node:
+                copy = onnx.NodeProto()
+                copy.CopyFrom(node)
+                copy.name = f"{node.name}{k}"
+                copy.input[:] = [rename[i] for i in node.input]
+                copy.output[:] = [rename[o] for o in node.output]
+                nodes.append(copy)
+            for infos, out in ((part.graph.input, inputs), (part.graph.output, outputs)):
+                for info in infos:
+                    out.append(onnx.ValueInfoProto())
+                    out[-1].CopyFrom(info)
+                    out[-1].name = rename[info.name]
+            for tensor in part.graph.initializer:
+                inits.append(onnx.TensorProto())
+                inits[-1].CopyFrom(tensor)
+                inits[-1].name = rename[tensor.name]
+        ops, _ = optimized(_model(nodes, inputs, outputs, inits, 17), rules, "cpu")
+        assert ops == {"Conv": 1, "Relu": 1, "com.microsoft::FusedConv": 1}
+
+
 def _with_bn(model: onnx.ModelProto) -> onnx.ModelProto:
     """conv_relu with a BatchNormalization between Conv and Relu (folds into the Conv)."""
     channels = 4
