@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from onnxfuse.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from onnxfuse.planner.arena_executor import ArenaExecutor, VerifyResult, verify_plan
@@ -44,8 +45,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
