@@ -43,8 +43,8 @@ KIND_NOTES = {
     "it treats them as non-constant and has nothing to do; onnxfuse folds and fuses them. "
     "Their weights are ConstantOfShape fills: onnxfuse writes them out as initializers "
     "(alexnet 244 MB, vgg19 164 MB, zfnet512 47 MB) where onnxscript writes back the "
-    "4-10 KB input, so on those three writing the file alone (about 1 GB/s here) costs "
-    "about as much as onnxscript's whole run.",
+    "4-10 KB input. Writing alexnet's file alone takes about 0.07 s here (3.5 GB/s, "
+    "blocks allocated in one call), a third of onnxscript's whole run.",
     "export": "The CNN exports have static shapes (1x3x224x224); the transformers take 2 "
     "sequences of 32 tokens. The BERT has BERT-base's depth and width (12 layers, hidden "
     "768) with a 1536 feed-forward.",
