@@ -33,18 +33,13 @@ from onnxfuse.infer import (
 )
 from onnxfuse.model_writer import (
     PLACEHOLDER,
-    GraphScan,
-    LazyEntry,
-    SourceFile,
-    SourceTensor,
-    initializer_ranges,
     remember_source,
-    scan_graph,
     serialize_stripped,
-    split_weights,
     write_model,
 )
 from onnxfuse.naming import subgraphs
+from onnxfuse.protobuf_wire import GraphScan, initializer_ranges, scan_graph
+from onnxfuse.source_weights import LazyEntry, SourceFile, SourceTensor, split_weights
 from onnxfuse.spill import is_spilled, load_spilled
 
 if TYPE_CHECKING:
@@ -168,7 +163,7 @@ def _read_proto(
 ]:
     """``onnx.load_model(path, load_external_data=False)``, parsed from a mapping of the
     file rather than from a copy of it read into memory; with where its initializers lie
-    in the file (``model_writer.initializer_ranges``) and the file's stat then. The raw
+    in the file (``protobuf_wire.initializer_ranges``) and the file's stat then. The raw
     data of large main-graph initializers is left in the file (``split_weights``): their
     TensorProtos hold no data, and the entries returned say where it is (BERT-base:
     protobuf parses 1 MB instead of 440). Text formats, named by their extensions, go
@@ -261,7 +256,7 @@ def _check_loaded(
 ) -> str | None:
     """The checker's first complaint about the model at ``path`` (loaded as ``proto``
     without its external data), or None. ``ranges``: where ``proto``'s initializers lie
-    in the file it was just parsed from (``model_writer.initializer_ranges``); ``lazy``:
+    in the file it was just parsed from (``protobuf_wire.initializer_ranges``); ``lazy``:
     its initializers whose raw data was left in the file (``split_weights``)."""
     if not _has_external_data(proto):
         stripped = _stripped(proto, ranges or {}, lazy or {})

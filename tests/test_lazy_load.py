@@ -1,4 +1,4 @@
-"""Large main-graph weights stay in the model file at load (``model_writer.split_weights``):
+"""Large main-graph weights stay in the model file at load (``source_weights.split_weights``):
 protobuf never parses them, they are read from the file when a rule needs them, and
 the verdicts and written bytes are the ones of a model loaded whole."""
 
@@ -19,7 +19,7 @@ from onnxfuse.api import optimize_file, select_rules
 from onnxfuse.cli import main
 from onnxfuse.errors import ModelError
 from onnxfuse.model_io import load_model, save_model
-from onnxfuse.model_writer import LAZY_MIN_BYTES, SourceTensor
+from onnxfuse.source_weights import LAZY_MIN_BYTES, SourceTensor
 
 BIG = LAZY_MIN_BYTES // 4 + 5  # float32 elements: above the lazy size
 RNG = np.random.default_rng(3)

@@ -18,9 +18,10 @@ from onnxfuse.errors import ModelError
 from onnxfuse.folding import FoldContext, Folder
 from onnxfuse.folding_numpy import numpy_result
 from onnxfuse.model_io import load_model, save_model
-from onnxfuse.model_writer import DIRECT_MIN_BYTES, SOURCE_META, SourceTensor, write_model
+from onnxfuse.model_writer import DIRECT_MIN_BYTES, SOURCE_META, write_model
 from onnxfuse.naming import NameSource
 from onnxfuse.optimizer import normalize
+from onnxfuse.source_weights import SourceTensor
 from onnxfuse.spill import FillTensor
 
 BIG = DIRECT_MIN_BYTES // 4 + 7  # float32 elements: above the direct-write size
