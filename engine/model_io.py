@@ -38,7 +38,7 @@ from onnxfuse.model_writer import (
     write_model,
 )
 from onnxfuse.naming import subgraphs
-from onnxfuse.protobuf_wire import GraphScan, initializer_ranges, scan_graph
+from onnxfuse.protobuf_wire import ITEMSIZE, GraphScan, initializer_ranges, scan_graph
 from onnxfuse.source_weights import LazyEntry, SourceFile, SourceTensor, split_weights
 from onnxfuse.spill import is_spilled, load_spilled
 
@@ -349,7 +349,7 @@ def _stripped(
 def _stripped_tensor(
     tensor: onnx.TensorProto, found: tuple[int, int, int, int] | None
 ) -> onnx.TensorProto | None:
-    itemsize = _ITEMSIZE.get(tensor.data_type)
+    itemsize = ITEMSIZE.get(tensor.data_type)
     if (
         itemsize is None
         or not tensor.HasField("raw_data")
@@ -392,7 +392,7 @@ def _raw_size_problem(
     (onnx's checker lets that pass; any read of it would fail), or None. Shorter raw
     data is the checker's to report."""
     for tensor in proto.graph.initializer:
-        itemsize = _ITEMSIZE.get(tensor.data_type)
+        itemsize = ITEMSIZE.get(tensor.data_type)
         if itemsize is None or tensor.name in lazy or not tensor.HasField("raw_data"):
             continue
         found = ranges.get(tensor.name)
@@ -444,25 +444,6 @@ _TYPED_FIELDS = (
     "double_data",
     "uint64_data",
 )
-_T = onnx.TensorProto
-# Whole-byte element types: the bytes a raw_data field needs follow from the shape.
-_ITEMSIZE = {
-    _T.FLOAT: 4,
-    _T.UINT8: 1,
-    _T.INT8: 1,
-    _T.UINT16: 2,
-    _T.INT16: 2,
-    _T.INT32: 4,
-    _T.INT64: 8,
-    _T.BOOL: 1,
-    _T.FLOAT16: 2,
-    _T.DOUBLE: 8,
-    _T.UINT32: 4,
-    _T.UINT64: 8,
-    _T.COMPLEX64: 8,
-    _T.COMPLEX128: 16,
-    _T.BFLOAT16: 2,
-}
 
 
 def _check_file(path: Path, target: Target | None) -> str | None:
@@ -569,8 +550,10 @@ def save_model(
         load_spilled(model)
         # One serialization, large weights as placeholders: inferred, checked, written.
         serialized = serialize_stripped(model)
-        if infer and infer_shapes(model, inferred_types(serialized[0]) or {}, outputs=False):
-            serialized = serialize_stripped(model)
+        if infer:
+            found = inferred_types(serialized[0]) or {}  # {}: onnx gave up, nothing to apply
+            if infer_shapes(model, found, outputs=False):
+                serialized = serialize_stripped(model)
         _check_serialized(model, serialized[0], target)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     # Written through the descriptor made with the file, not reopened: ext4 flushes a file

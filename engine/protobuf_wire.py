@@ -46,6 +46,10 @@ PLAIN_DTYPES = frozenset(
 )
 
 
+# Whole-byte element types: the bytes a raw_data field needs follow from the shape.
+ITEMSIZE = {dtype.value: int(dtype.itemsize) for dtype in PLAIN_DTYPES}
+
+
 @dataclass(frozen=True)
 class FileRange:
     """Bytes of the source model file, copied file to file (``os.sendfile``)."""

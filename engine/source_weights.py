@@ -23,9 +23,9 @@ from google.protobuf.message import DecodeError
 
 from onnxfuse.protobuf_wire import (
     GRAPH_INITIALIZER,
+    ITEMSIZE,
     LENGTH_DELIMITED,
     MODEL_GRAPH,
-    PLAIN_DTYPES,
     PROTOBUF_LIMIT,
     TENSOR_DATA_TYPE,
     TENSOR_DIMS,
@@ -44,9 +44,6 @@ from onnxfuse.protobuf_wire import (
 _STUB_FIELDS = frozenset({TENSOR_DIMS, TENSOR_DATA_TYPE, TENSOR_NAME, TENSOR_DOC_STRING})
 # Initializers whose raw data is this large are left in the file (``split_weights``).
 LAZY_MIN_BYTES = 64 * 1024
-
-# Whole-byte element types: the bytes a raw_data field needs follow from the shape.
-_ITEMSIZE = {dtype.value: int(dtype.itemsize) for dtype in PLAIN_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -135,7 +132,7 @@ def _lazy_entry(
         stub.ParseFromString(head + tail)
     except DecodeError:  # the whole model's parse gives protobuf's verdict
         return None
-    itemsize = _ITEMSIZE.get(stub.data_type)
+    itemsize = ITEMSIZE.get(stub.data_type)
     if itemsize is None or any(d < 0 for d in stub.dims):
         return None
     if itemsize * math.prod(stub.dims) != raw_length:
