@@ -77,9 +77,10 @@ def load_model_and_types(
 ) -> tuple[ir.Model, InferredTypes | None]:
     """``load_model``, checked, with onnx's inference of its types made on the protobuf
     as parsed: ``optimize`` takes them for its first inference instead of serializing
-    the model again (5 ms on a small CNN, 50 ms on BERT-base). None where that protobuf
-    is not the model ``optimize`` would infer: nodes out of order, IR before 4 (inputs
-    that are initializers), subgraphs or functions, or much weight data in memory."""
+    the model again (5 ms on a small CNN, 50 ms on BERT-base). An IR-3 model comes back
+    as ``optimize`` makes it first: IR 4, its initializers no longer inputs. Types are
+    None where that protobuf is not the model ``optimize`` would infer: nodes out of
+    order, subgraphs or functions, or much weight data in memory."""
     return _load(_existing(path), True, target, split=True, types=True)
 
 
@@ -111,8 +112,10 @@ def _load(
     except OSError as exc:
         raise ModelError(f"{path}: cannot check the model ({_first_line(exc)})") from None
     inferred = None
-    if types and check and failure is None and _inferable_as_parsed(proto, ranges, lazy, path):
-        inferred = inferred_types(proto)
+    if types and check and failure is None:
+        _adopt_ir4_initializers(proto)
+        if _inferable_as_parsed(proto, ranges, lazy, path):
+            inferred = inferred_types(proto)
     try:
         model = ir.from_proto(proto)
     except Exception as exc:  # onnx_ir raises many types on malformed graphs
@@ -128,6 +131,19 @@ def _load(
     return model, inferred
 
 
+def _adopt_ir4_initializers(proto: onnx.ModelProto) -> None:
+    """What ``optimize`` first does to an IR-3 model, done on the checked protobuf so that
+    its inference is the one ``optimize`` would make: initializers are no longer graph
+    inputs (IR 3 lists them there by convention), and the model is IR 4."""
+    if proto.ir_version >= 4:
+        return
+    initializers = {tensor.name for tensor in proto.graph.initializer}
+    inputs = [value for value in proto.graph.input if value.name not in initializers]
+    del proto.graph.input[:]
+    proto.graph.input.extend(inputs)
+    proto.ir_version = 4
+
+
 def _inferable_as_parsed(
     proto: onnx.ModelProto,
     ranges: dict[str, tuple[int, int, int, int]],
@@ -135,9 +151,9 @@ def _inferable_as_parsed(
     path: Path,
 ) -> bool:
     """Whether onnx's inference over ``proto`` as parsed types the model ``normalize``
-    infers (checked nodes in order; no IR-3 inputs that are initializers; one graph),
+    infers (checked nodes in order; one graph),
     without copying much weight data (inference serializes its input)."""
-    if proto.ir_version < 4 or proto.functions:
+    if proto.functions:
         return False
     for node in proto.graph.node:
         if any(a.HasField("g") or a.graphs for a in node.attribute):

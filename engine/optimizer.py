@@ -347,6 +347,14 @@ def _adopt_ir4_initializers(model: ir.Model) -> None:
         return
     common_passes.RemoveInitializersFromInputsPass()(model)
     model.ir_version = 4
+    # Typed as the input was declared (maybe loosely, ["N", 3]): a constant's type and
+    # shape are its tensor's, as loading the protobuf made IR 4 gives them.
+    for graph in all_graphs(model):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is not None:
+                value.type = ir.TensorType(tensor.dtype)
+                value.shape = tensor.shape
 
 
 def normalize(

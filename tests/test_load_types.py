@@ -61,13 +61,6 @@ def _out_of_order() -> onnx.ModelProto:
     return model
 
 
-def _ir3() -> onnx.ModelProto:
-    model = _reshape_model()
-    model.ir_version = 3
-    model.opset_import[0].version = 8
-    return model
-
-
 def _with_subgraph() -> onnx.ModelProto:
     then = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["t"])], "then", [], [tensor_input("t", [2, 3])]
@@ -96,7 +89,7 @@ def _heavy_in_memory() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize(
-    "build", [_out_of_order, _ir3, _with_subgraph, _heavy_in_memory], ids=lambda f: f.__name__
+    "build", [_out_of_order, _with_subgraph, _heavy_in_memory], ids=lambda f: f.__name__
 )
 def test_no_types_as_loaded_where_the_protobuf_is_not_what_optimize_infers(build, tmp_path):
     path = tmp_path / "m.onnx"
@@ -105,6 +98,36 @@ def test_no_types_as_loaded_where_the_protobuf_is_not_what_optimize_infers(build
     loaded, inferred = load_model_and_types(path)
     assert inferred is None
     assert len(loaded.graph) == len(model.graph.node)
+
+
+def _ir3_with_weight_inputs() -> onnx.ModelProto:
+    """IR 3: each initializer is listed as a graph input too, one declared loosely."""
+    nodes = [helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    weight = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w")
+    inputs = [tensor_input("x", [2, 3]), helper.make_tensor_value_info("w", 1, ["N", 3])]
+    model = make_model(nodes, inputs, [tensor_input("y", [2, 3])], [weight])
+    model.ir_version = 3
+    model.opset_import[0].version = 8
+    return model
+
+
+def test_an_ir3_model_is_typed_as_loaded_once_its_weights_are_no_longer_inputs(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(_ir3_with_weight_inputs(), path)
+    written = path.read_bytes()
+    loaded, inferred = load_model_and_types(path)
+    assert inferred is not None
+    assert loaded.ir_version == 4
+    assert [v.name for v in loaded.graph.inputs] == ["x"]
+    assert [d.dim_value for d in inferred["a"].tensor_type.shape.dim] == [2, 3]
+    outputs = []
+    for name, use_types in (("with.onnx", True), ("without.onnx", False)):
+        model, types = load_model_and_types(path) if use_types else (load_model(path), None)
+        optimize(model, RULES, Options(), types)
+        save_model(model, tmp_path / name)
+        outputs.append((tmp_path / name).read_bytes())
+    assert outputs[0] == outputs[1]
+    assert path.read_bytes() == written  # the input file is never touched
 
 
 def test_save_infers_on_what_it_writes_and_keeps_declared_outputs(tmp_path: Path) -> None:
