@@ -303,6 +303,7 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
             "## Optimization time (bench/speed.py)",
             "",
             f"File in to file out, each run in a fresh process, median of {env.get('repeat', '?')}",
+            *_quick_rounds(env),
             "(round robin). `x`: the other tool's time over onnxfuse's (above 1: onnxfuse is",
             "faster). onnxfuse: `optimize_file`, target cpu, every built-in pack, full checker",
             "and save included; onnxscript: `optimizer.optimize` then",
@@ -377,3 +378,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _quick_rounds(env: dict) -> list[str]:
+    """The rounds of models measured more often (runs before ``--quick-repeat`` had none)."""
+    quick = env.get("quick_repeat")
+    if not quick or quick <= env.get("repeat", 0):
+        return []
+    return [
+        f"({quick} for models onnxfuse optimizes in under {env.get('quick_seconds')} s: at tens of",
+        "milliseconds a shared machine's drift is a large part of each time)",
+    ]
