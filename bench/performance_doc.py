@@ -302,9 +302,10 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
         out += [
             "## Optimization time (bench/speed.py)",
             "",
-            f"File in to file out, each run in a fresh process, median of {env.get('repeat', '?')}",
+            "File in to file out, each run in a fresh process, median of "
+            f"{env.get('repeat', '?')} rounds (round robin).",
             *_quick_rounds(env),
-            "(round robin). `x`: the other tool's time over onnxfuse's (above 1: onnxfuse is",
+            "`x`: the other tool's time over onnxfuse's (above 1: onnxfuse is",
             "faster). onnxfuse: `optimize_file`, target cpu, every built-in pack, full checker",
             "and save included; onnxscript: `optimizer.optimize` then",
             "`rewriter.ort_fusions.optimize_for_ort`; ORT transformers: `optimize_model` at",
@@ -360,6 +361,17 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
     return "\n".join(out)
 
 
+def _quick_rounds(env: dict) -> list[str]:
+    """The rounds of models measured more often (runs before ``--quick-repeat`` had none)."""
+    quick = env.get("quick_repeat")
+    if not quick or quick <= env.get("repeat", 0):
+        return []
+    return [
+        f"Models onnxfuse optimizes in under {env.get('quick_seconds')} s get {quick} rounds: at",
+        "tens of milliseconds a shared machine's drift moves single runs by a third.",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--speed", type=Path, help="JSON of bench/speed.py")
@@ -378,14 +390,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _quick_rounds(env: dict) -> list[str]:
-    """The rounds of models measured more often (runs before ``--quick-repeat`` had none)."""
-    quick = env.get("quick_repeat")
-    if not quick or quick <= env.get("repeat", 0):
-        return []
-    return [
-        f"({quick} for models onnxfuse optimizes in under {env.get('quick_seconds')} s: at tens of",
-        "milliseconds a shared machine's drift is a large part of each time)",
-    ]
