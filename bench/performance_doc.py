@@ -1,8 +1,10 @@
-"""Write docs/performance.md from the JSON of bench/speed.py and bench/latency.py.
+"""Write docs/performance.md from the JSON of bench/speed.py, latency.py and hotspots.py.
 
     python bench/speed.py --repeat 3 --scaling 81000 --external-gb 2 --json speed.json
     python bench/latency.py --json latency.json
-    python bench/performance_doc.py --speed speed.json --latency latency.json [--out FILE]
+    python bench/hotspots.py --json hotspots.json
+    python bench/performance_doc.py --speed speed.json --latency latency.json \
+                                    [--hotspots hotspots.json] [--out FILE]
 
 The doc holds the commands, machine, versions, dates and commits of both runs, the tables
 and, for each performance target below, whether this run meets it, naming every model
@@ -255,7 +257,9 @@ def targets(speed: dict | None, latency: dict | None) -> list[str]:
     return out
 
 
-def document(speed: dict | None, latency: dict | None, command: str) -> str:
+def document(
+    speed: dict | None, latency: dict | None, command: str, hotspots: dict | None = None
+) -> str:
     out = [
         "# Performance",
         "",
@@ -266,6 +270,8 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
         out += _environment("Optimization speed", speed.get("environment", {}))
     if latency:
         out += _environment("Latency", latency.get("environment", {}))
+    if hotspots:
+        out += _environment("Hot spots", hotspots.get("environment", {}))
     out += [
         "",
         "The machine is shared (2 cores, other work running): compare within a row, not",
@@ -358,7 +364,48 @@ def document(speed: dict | None, latency: dict | None, command: str) -> str:
                 ]
             else:
                 out += [f"The external-data run failed: {ext.get('error')}", ""]
+    if hotspots:
+        out += hotspots_section(hotspots)
     return "\n".join(out)
+
+
+def hotspots_section(hotspots: dict) -> list[str]:
+    """Where onnxfuse's time goes: phases as shares of each model's run, then hot spots."""
+    phases = hotspots["phases"]
+    runs = hotspots.get("environment", {}).get("runs", "?")
+    out = [
+        "## Where the time goes (bench/hotspots.py)",
+        "",
+        f"`optimize_file` under pyinstrument's sampling profiler, {runs} fresh processes per",
+        "model added up (the profiler slows Python calls, so the seconds here run above",
+        "speed.py's; the shares are what to read). Each sample goes to the innermost engine",
+        "phase on its stack: `match` is the structure pre-check and matching with guards",
+        "and the target's verdicts, `rewrite` building target nodes, `fold` constant folding",
+        "(in normalize and of new nodes), `infer` onnx's shape inference, `check` onnx's",
+        "checker at load and save, `other` the driver's loop and bookkeeping.",
+        "",
+        "| model | seconds | " + " | ".join(phases) + " |",
+        "|---|---|" + "---|" * len(phases),
+    ]
+    for row in hotspots["models"]:
+        if "error" in row:
+            out.append(f"| {row['model']} | {row['error']} |" + " |" * len(phases))
+            continue
+        shares = [f"{row['phases'].get(name, 0.0):.0%}" for name in phases]
+        out.append(f"| {row['model']} | {row['seconds']:.2f} | " + " | ".join(shares) + " |")
+    out += [
+        "",
+        "Hot spots: the functions with the most self time (callees excluded), as shares",
+        "of the model's samples.",
+        "",
+        "| model | hot spots |",
+        "|---|---|",
+    ]
+    for row in hotspots["models"]:
+        if "hot" in row:
+            spots = ", ".join(f"`{h['function']}` {h['share']:.0%}" for h in row["hot"][:5])
+            out.append(f"| {row['model']} | {spots} |")
+    return [*out, ""]
 
 
 def _quick_rounds(env: dict) -> list[str]:
@@ -376,14 +423,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--speed", type=Path, help="JSON of bench/speed.py")
     parser.add_argument("--latency", type=Path, help="JSON of bench/latency.py")
+    parser.add_argument("--hotspots", type=Path, help="JSON of bench/hotspots.py")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md")
     args = parser.parse_args(argv)
     if not args.speed and not args.latency:
         parser.error("give --speed, --latency or both")
     speed = json.loads(args.speed.read_text()) if args.speed else None
     latency = json.loads(args.latency.read_text()) if args.latency else None
+    hotspots = json.loads(args.hotspots.read_text()) if args.hotspots else None
     command = "python bench/performance_doc.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    args.out.write_text(document(speed, latency, command.strip()) + "\n")
+    args.out.write_text(document(speed, latency, command.strip(), hotspots) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
