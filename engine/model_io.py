@@ -113,7 +113,7 @@ def _load(
         raise ModelError(f"{path}: cannot check the model ({_first_line(exc)})") from None
     inferred = None
     if types and check and failure is None:
-        _adopt_ir4_initializers(proto)
+        _proto_as_ir4(proto)
         if _inferable_as_parsed(proto, ranges, lazy, path):
             inferred = inferred_types(proto)
     try:
@@ -131,7 +131,7 @@ def _load(
     return model, inferred
 
 
-def _adopt_ir4_initializers(proto: onnx.ModelProto) -> None:
+def _proto_as_ir4(proto: onnx.ModelProto) -> None:
     """What ``optimize`` first does to an IR-3 model, done on the checked protobuf so that
     its inference is the one ``optimize`` would make: initializers are no longer graph
     inputs (IR 3 lists them there by convention), and the model is IR 4."""
