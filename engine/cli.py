@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from onnxfuse.errors import InvariantError, OnnxfuseError
+from onnxfuse.language.heap import collector_paused
 
 
 class _Parser(argparse.ArgumentParser):
@@ -204,7 +205,8 @@ def _run_rules_list(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     # Library warnings (onnx_ir's initializer notes, ...) are not the user's concern.
     logging.getLogger("onnx_ir").setLevel(logging.ERROR)
-    parser = build_parser()
+    with collector_paused():  # the commands' modules, imported here, live until exit
+        parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)

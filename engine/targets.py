@@ -24,6 +24,7 @@ import onnx.defs
 from onnxfuse.errors import OnnxfuseError, one_line
 from onnxfuse.language import schemas
 from onnxfuse.language.heap import collector_paused
+from onnxfuse.language.load_cache import cached, file_key
 from onnxfuse.language.rule import Rule
 from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
 from onnxfuse.target_params import parse_params, split_spec
@@ -316,15 +317,20 @@ def load_target(name_or_path: str) -> Target:
             known = ", ".join(builtin_target_names())
             raise OnnxfuseError(f"unknown target '{name_or_path}' (known: {known})")
     try:
-        text = path.read_text(encoding="utf-8")
+        content = path.read_bytes()
+        text = content.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TargetError(f"cannot read target file: {exc}", path) from None
     with collector_paused():
-        try:
-            data = load_yaml(text)
-        except YamlError as exc:
-            raise TargetError(str(exc), path, exc.line) from None
-        return parse_target(data, path)
+        return cached("target", file_key(path, content), lambda: _parse_target_text(text, path))
+
+
+def _parse_target_text(text: str, path: Path) -> Target:
+    try:
+        data = load_yaml(text)
+    except YamlError as exc:
+        raise TargetError(str(exc), path, exc.line) from None
+    return parse_target(data, path)
 
 
 def parse_target(data: Any, path: Path) -> Target:

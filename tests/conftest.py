@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,13 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=10, deadline=None)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+
+# Loaded rules and targets are cached in a folder of this run's own (each worker's; the
+# command-line tests' children inherit it), not in the user's ~/.cache.
+if "ONNXFUSE_CACHE_DIR" not in os.environ:
+    _CACHE = tempfile.mkdtemp(prefix="onnxfuse-test-cache-")
+    os.environ["ONNXFUSE_CACHE_DIR"] = _CACHE
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 settings.load_profile(PROFILE)
 
 # Negative and boundary cases checked per drawn instance of a rule (None: every derived

@@ -12,6 +12,7 @@ import pytest
 import onnxfuse.api as api
 from onnxfuse.api import optimize_file, sample_model_path, select_rules
 from onnxfuse.errors import ModelError
+from onnxfuse.language.heap import collector_paused
 
 RULES = select_rules()
 
@@ -86,3 +87,50 @@ def test_a_callers_freeze_is_left_alone(tmp_path: Path, collector_restored: None
     optimize_file(sample_model_path(), tmp_path / "out.onnx", RULES)
     assert gc.isenabled()
     assert gc.get_freeze_count() > 0  # still frozen: optimize_file did not unfreeze
+
+
+class Loaded:
+    """An object made while loading (tracked by the collector)."""
+
+
+def test_what_a_paused_load_made_goes_to_the_oldest_generation_unwalked(
+    collector_restored: None,
+):
+    gc.enable()
+    passes: list[int] = []
+
+    def count(stage: str, info: dict) -> None:
+        if stage == "start":
+            passes.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        with collector_paused():
+            made = [Loaded() for _ in range(50_000)]
+        young_after = gc.get_count()[0]
+    finally:
+        gc.callbacks.remove(count)
+    assert passes == []  # no pass while loading, and none started by resuming
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
+    assert young_after < 1000
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert all(id(o) in oldest for o in made[::1000])
+
+
+def test_a_paused_load_leaves_a_callers_frozen_objects_frozen(collector_restored: None):
+    gc.enable()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    with collector_paused():
+        made = [Loaded() for _ in range(1000)]
+    assert gc.get_freeze_count() == frozen
+    assert gc.isenabled()
+    assert len(made) == 1000
+
+
+def test_a_paused_load_leaves_a_disabled_collector_disabled(collector_restored: None):
+    gc.disable()
+    with collector_paused():
+        pass
+    assert not gc.isenabled()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from onnxfuse.errors import RuleError
 from onnxfuse.language.heap import collector_paused
+from onnxfuse.language.load_cache import cached, content_key, stat_key
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.language.rulefile import load_rule_file
 from onnxfuse.language.yaml_lines import LineMap, YamlError, load_yaml
@@ -152,8 +153,22 @@ def load_pack(folder: str | Path) -> list[Rule]:
 
 def load_packs(paths: list[str | Path]) -> list[Pack]:
     """Rule files and pack folders, in order, each with its manifest."""
+    if not paths:
+        return []
     with collector_paused():
-        return [_load_one(Path(path)) for path in paths]
+        try:
+            key = content_key(f for path in paths for f in _files_read(Path(path)))
+        except OSError:
+            return [_load_one(Path(path)) for path in paths]  # whose error says which
+        return cached("rules", key, lambda: [_load_one(Path(path)) for path in paths])
+
+
+def _files_read(path: Path) -> list[Path]:
+    """The files loading ``path`` reads (raises OSError for a missing one)."""
+    if path.is_dir():
+        manifest = path / MANIFEST
+        return [manifest, *_rule_files(path)] if manifest.exists() else _rule_files(path)
+    return [path]
 
 
 def _load_one(path: Path) -> Pack:
@@ -172,14 +187,21 @@ def load_rules(paths: list[str | Path]) -> list[Rule]:
 
 def load_builtin_packs(packs: list[str] | None = None) -> list[Pack]:
     root = builtin_rules_dir()
-    found: list[Pack] = []
+    names = packs if packs is not None else builtin_pack_names()
     with collector_paused():
-        for name in packs if packs is not None else builtin_pack_names():
-            folder = root / name
-            if not folder.is_dir():
+        for name in names:
+            if not (root / name).is_dir():
                 raise RuleError(f"no built-in rule pack '{name}'")
-            found.append(Pack(name, load_pack(folder), read_manifest(folder), builtin=True))
-    return found
+        # Installed files: their sizes and times name them, no need to read them.
+        files = sorted(root.rglob("*.yaml"))
+        key = "\0".join(names).encode() + b"\n" + stat_key(files)
+        return cached(
+            "builtin-rules", key, lambda: [_load_builtin_pack(root / name) for name in names]
+        )
+
+
+def _load_builtin_pack(folder: Path) -> Pack:
+    return Pack(folder.name, load_pack(folder), read_manifest(folder), builtin=True)
 
 
 def load_builtin_rules(packs: list[str] | None = None) -> list[Rule]:

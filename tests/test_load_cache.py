@@ -1,0 +1,238 @@
+"""The on-disk cache of loaded rules and targets: same rules, same results, never stale."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxfuse import api
+from onnxfuse.errors import RuleError
+from onnxfuse.language import load_cache, packs
+from onnxfuse.targets import load_target
+
+RULE = """rules:
+  - name: relu-relu
+    description: Relu of a Relu is the inner Relu.
+    source: |
+      f (X) => (Y) {
+        T = Relu(X)
+        Y = Relu(T)
+      }
+    target: |
+      f (X) => (Y) {
+        Y = Relu(X)
+      }
+"""
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(folder))
+    monkeypatch.delenv("ONNXFUSE_NO_CACHE", raising=False)
+    return folder
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.pickle")) if folder.exists() else []
+
+
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Counts the rule files parsed from here on."""
+    seen: list[str] = []
+    parse = packs.load_rule_file
+
+    def counting(path, pack=""):
+        seen.append(str(path))
+        return parse(path, pack)
+
+    monkeypatch.setattr(packs, "load_rule_file", counting)
+    return seen
+
+
+def test_builtin_rules_read_back_are_the_rules_loaded(cache, monkeypatch):
+    monkeypatch.setenv("ONNXFUSE_NO_CACHE", "1")
+    fresh = packs.load_builtin_packs()
+    assert entries(cache) == []
+    monkeypatch.delenv("ONNXFUSE_NO_CACHE")
+    packs.load_builtin_packs()  # parses and keeps
+    assert len(entries(cache)) == 1
+    parsed = parses(monkeypatch)
+    read_back = packs.load_builtin_packs()
+    assert parsed == []
+    assert [r.name for p in read_back for r in p.rules] == [r.name for p in fresh for r in p.rules]
+    assert_same_structure(read_back, fresh)
+
+
+def assert_same_structure(a: object, b: object, where: str = "packs", seen=None) -> None:
+    """``a`` and ``b`` equal field by field, down to numbers, strings and arrays."""
+    seen = {} if seen is None else seen
+    assert type(a) is type(b), where
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for key in a:
+            assert_same_structure(a[key], b[key], f"{where}[{key!r}]", seen)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_structure(x, y, f"{where}[{i}]", seen)
+    elif isinstance(a, (set, frozenset)):
+        assert a == b, where
+    elif hasattr(a, "__dict__") or hasattr(type(a), "__slots__"):
+        # Objects met again (shared, or in a cycle) are compared once; kept alive in
+        # `seen` so that their ids stay theirs.
+        if id(a) in seen:
+            assert seen[id(a)][1] is b, f"{where}: shared differently"
+            return
+        seen[id(a)] = (a, b)
+        assert_same_structure(fields(a), fields(b), f"{where}.", seen)
+    else:
+        assert a == b, where
+
+
+def fields(value: object) -> dict[str, object]:
+    found = dict(getattr(value, "__dict__", {}))
+    for slot in getattr(type(value), "__slots__", ()):
+        if hasattr(value, slot):
+            found[slot] = getattr(value, slot)
+    return found
+
+
+def test_the_optimized_model_is_the_same_with_the_cache_cold_warm_and_off(tmp_path, cache):
+    sample = api.sample_model_path()
+    outputs = []
+    for run, environment in enumerate([{}, {}, {"ONNXFUSE_NO_CACHE": "1"}]):
+        out = tmp_path / f"out{run}.onnx"
+        command = [sys.executable, "-m", "onnxfuse", "optimize", str(sample), "-o", str(out), "-q"]
+        subprocess.run(command, check=True, env={**os.environ, **environment}, timeout=300)
+        outputs.append(out.read_bytes())
+        if run == 0:
+            made = {p: p.stat().st_mtime_ns for p in entries(cache)}
+            assert len(made) == 2  # the built-in rules and the cpu target
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert {p: p.stat().st_mtime_ns for p in entries(cache)} == made  # read, not remade
+
+
+def test_an_edited_rule_file_is_reparsed_even_with_its_size_and_time_unchanged(
+    tmp_path, cache, monkeypatch
+):
+    rule_file = tmp_path / "mine.yaml"
+    rule_file.write_text(RULE)
+    before = rule_file.stat()
+    assert [r.name for r in packs.load_rules([rule_file])] == ["relu-relu"]
+    rule_file.write_text(RULE.replace("relu-relu", "relu-rel2"))
+    os.utime(rule_file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert rule_file.stat().st_size == before.st_size
+    parsed = parses(monkeypatch)
+    assert [r.name for r in packs.load_rules([rule_file])] == ["relu-rel2"]
+    assert parsed == [str(rule_file)]
+
+
+def test_a_pack_folder_gaining_a_file_is_reloaded(tmp_path, cache):
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    (pack / "a.yaml").write_text(RULE)
+    assert [r.name for r in packs.load_rules([pack])] == ["relu-relu"]
+    (pack / "b.yaml").write_text(RULE.replace("relu-relu", "relu-again"))
+    assert [r.name for r in packs.load_rules([pack])] == ["relu-relu", "relu-again"]
+
+
+def test_a_rule_file_with_an_error_fails_the_same_way_every_time_and_is_not_kept(tmp_path, cache):
+    rule_file = tmp_path / "bad.yaml"
+    rule_file.write_text(RULE.replace("Y = Relu(X)", "Y = Relu(X"))
+    messages = []
+    for _ in range(2):
+        with pytest.raises(RuleError) as caught:
+            packs.load_rules([rule_file])
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+    assert "bad.yaml" in messages[0]
+    assert entries(cache) == []
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(RuleError, match="no such rule file"):
+        packs.load_rules([missing])
+
+
+def test_a_damaged_entry_is_remade(tmp_path, cache, monkeypatch):
+    rule_file = tmp_path / "mine.yaml"
+    rule_file.write_text(RULE)
+    packs.load_rules([rule_file])
+    [entry] = entries(cache)
+    entry.write_bytes(b"\x80\x05not a pickle")
+    parsed = parses(monkeypatch)
+    assert [r.name for r in packs.load_rules([rule_file])] == ["relu-relu"]
+    assert parsed == [str(rule_file)]
+    assert pickle.loads(entry.read_bytes())[0].rules[0].name == "relu-relu"
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_an_entry_others_could_write_is_not_read(tmp_path, cache, monkeypatch):
+    rule_file = tmp_path / "mine.yaml"
+    rule_file.write_text(RULE)
+    packs.load_rules([rule_file])
+    [entry] = entries(cache)
+    entry.chmod(0o666)
+    parsed = parses(monkeypatch)
+    packs.load_rules([rule_file])
+    assert parsed == [str(rule_file)]
+    assert entry.stat().st_mode & 0o777 == 0o600  # remade by this user alone
+
+
+def test_no_cache_writes_nothing(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("ONNXFUSE_NO_CACHE", "1")
+    rule_file = tmp_path / "mine.yaml"
+    rule_file.write_text(RULE)
+    packs.load_rules([rule_file])
+    assert not cache.exists()
+    assert load_cache.cache_dir() is None
+
+
+def test_a_cache_folder_that_cannot_be_made_does_not_stop_a_load(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("ONNXFUSE_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.delenv("ONNXFUSE_NO_CACHE", raising=False)
+    rule_file = tmp_path / "mine.yaml"
+    rule_file.write_text(RULE)
+    assert [r.name for r in packs.load_rules([rule_file])] == ["relu-relu"]
+    assert [r.name for r in packs.load_rules([rule_file])] == ["relu-relu"]
+
+
+def test_the_default_folder_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("ONNXFUSE_CACHE_DIR", raising=False)
+    monkeypatch.delenv("ONNXFUSE_NO_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert load_cache.cache_dir() == tmp_path / "onnxfuse"
+
+
+def test_old_entries_are_pruned_without_pushing_out_the_builtin_rules(tmp_path, cache):
+    packs.load_builtin_packs(["core"])
+    for number in range(load_cache._KEEP + 3):
+        rule_file = tmp_path / f"r{number}.yaml"
+        rule_file.write_text(RULE.replace("relu-relu", f"relu-{number}"))
+        packs.load_rules([rule_file])
+    assert len(list(cache.glob("rules-*.pickle"))) == load_cache._KEEP
+    assert len(list(cache.glob("builtin-rules-*.pickle"))) == 1
+
+
+def test_an_edited_target_file_is_reparsed(tmp_path, cache):
+    source = Path(str(packs.resources.files("onnxfuse.builtin_targets") / "cpu.yaml"))
+    text = source.read_text()
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(text.replace("name: cpu", "name: mine-a", 1))
+    assert load_target(str(mine)).name == "mine-a"
+    load_target.cache_clear()  # the in-process memo; the disk cache is what is tested
+    mine.write_text(text.replace("name: cpu", "name: mine-b", 1))
+    try:
+        assert load_target(str(mine)).name == "mine-b"
+    finally:
+        load_target.cache_clear()
+    assert len(entries(cache)) == 2
