@@ -318,6 +318,9 @@ def document(
             "and save included; onnxscript: `optimizer.optimize` then",
             "`rewriter.ort_fusions.optimize_for_ort`; ORT transformers: `optimize_model` at",
             "opt_level 1 with the model's type, heads and hidden size (transformers only).",
+            "Imports and set-up are outside every timing: onnxfuse's rule and target loading",
+            "and onnx's schema registry (onnxscript's import builds its rules and sets that",
+            "registry up); the whole-command table below has them all.",
             "",
             *speed_tables(speed["models"]),
         ]
