@@ -274,7 +274,8 @@ def _check_loaded(
     without its external data), or None. ``ranges``: where ``proto``'s initializers lie
     in the file it was just parsed from (``protobuf_wire.initializer_ranges``); ``lazy``:
     its initializers whose raw data was left in the file (``split_weights``)."""
-    if not _has_external_data(proto):
+    # A split parse (``lazy``) is only kept for a model without external data: no walk.
+    if lazy or not _has_external_data(proto):
         stripped = _stripped(proto, ranges or {}, lazy or {})
         if stripped is not None:
             return _check_stripped(_view(stripped, target) or stripped, lambda: _check_path(path))

@@ -236,3 +236,14 @@ def test_an_edited_target_file_is_reparsed(tmp_path, cache):
     finally:
         load_target.cache_clear()
     assert len(entries(cache)) == 2
+
+
+def test_a_kept_pattern_carries_no_structure_number_of_the_process_that_kept_it(cache):
+    [pack] = packs.load_builtin_packs(["core"])
+    nodes = [node for rule in pack.rules for source in rule.sources for node in source.nodes]
+    numbers = {id(node): node.structure[0] for node in nodes}  # as matching computes them
+    assert numbers
+    read_back = pickle.loads(pickle.dumps(nodes))
+    assert not any("structure" in vars(node) for node in read_back)
+    # Recomputed in this process, equal structures get equal numbers again.
+    assert [n.structure[0] for n in read_back] == [numbers[id(n)] for n in nodes]

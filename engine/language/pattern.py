@@ -120,6 +120,13 @@ class PatternNode:
         number = _STRUCTURE_NUMBERS.setdefault(tuple(signature), len(_STRUCTURE_NUMBERS))
         return number, requirements
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A structure's number is this process's (_STRUCTURE_NUMBERS): a pickled one
+        # (the load cache) could name another structure in the process reading it.
+        state = dict(self.__dict__)
+        state.pop("structure", None)
+        return state
+
     def describe(self) -> str:
         op = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
         names = [o.name for o in self.outputs if o is not None]
