@@ -14,6 +14,7 @@ import pytest
 from onnxfuse import api
 from onnxfuse.errors import RuleError
 from onnxfuse.language import load_cache, packs
+from onnxfuse.language.guards import parse_guard
 from onnxfuse.targets import load_target
 
 RULE = """rules:
@@ -247,3 +248,12 @@ def test_a_kept_pattern_carries_no_structure_number_of_the_process_that_kept_it(
     assert not any("structure" in vars(node) for node in read_back)
     # Recomputed in this process, equal structures get equal numbers again.
     assert [n.structure[0] for n in read_back] == [numbers[id(n)] for n in nodes]
+
+
+def test_a_guard_already_evaluated_still_pickles_and_evaluates_alike():
+    guard = parse_guard("len(perm) == 2 and perm[0] == 1", {"perm"})
+    assert guard.evaluate({"perm": [1, 0]}) is True
+    read_back = pickle.loads(pickle.dumps(guard))
+    assert "_compiled" not in vars(read_back)
+    assert read_back.evaluate({"perm": [1, 0]}) is True
+    assert read_back.evaluate({"perm": [0, 1]}) is False

@@ -394,6 +394,12 @@ class Guard:
     def _compiled(self) -> interpreter.Compiled:
         return interpreter.compiled(self.tree, GUARDS)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Closures do not pickle (the load cache); the reader compiles its own.
+        state = dict(self.__dict__)
+        state.pop("_compiled", None)
+        return state
+
 
 # Checked guards by their exact text: rules repeat guards (YAML anchors, op-set
 # families: 1630 guards, 616 texts in the built-in packs). A tree is never changed
