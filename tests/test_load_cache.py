@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -239,15 +240,59 @@ def test_an_edited_target_file_is_reparsed(tmp_path, cache):
     assert len(entries(cache)) == 2
 
 
-def test_a_kept_pattern_carries_no_structure_number_of_the_process_that_kept_it(cache):
-    [pack] = packs.load_builtin_packs(["core"])
-    nodes = [node for rule in pack.rules for source in rule.sources for node in source.nodes]
-    numbers = {id(node): node.structure[0] for node in nodes}  # as matching computes them
-    assert numbers
-    read_back = pickle.loads(pickle.dumps(nodes))
-    assert not any("structure" in vars(node) for node in read_back)
-    # Recomputed in this process, equal structures get equal numbers again.
-    assert [n.structure[0] for n in read_back] == [numbers[id(n)] for n in nodes]
+def structure_description(node) -> tuple:
+    """What a pattern node requires below it, written out in full (no numbers)."""
+    orders = []
+    for order in node.input_orders:
+        needs = []
+        for position, value in enumerate(order):
+            if value is None or value.kind == "input":
+                continue
+            below = None if value.producer is None else structure_description(value.producer)
+            needs.append((position, below, value.output_index))
+        orders.append(tuple(needs))
+    return (node.domain, node.op_type, tuple(orders))
+
+
+def builtin_pattern_nodes() -> list:
+    return [
+        node
+        for pack in packs.load_builtin_packs()
+        for rule in pack.rules
+        for source in rule.sources
+        for node in source.nodes
+    ]
+
+
+def test_structure_numbers_name_structures_one_to_one(cache):
+    numbers: dict[tuple, int] = {}
+    for node in builtin_pattern_nodes():
+        numbers.setdefault(structure_description(node), node.structure[0])
+        assert numbers[structure_description(node)] == node.structure[0]
+    assert len(set(numbers.values())) == len(numbers)  # distinct structures, distinct numbers
+    assert len(numbers) > 100
+
+
+def test_rules_read_back_carry_the_structure_numbers_every_process_computes(cache):
+    packs.load_builtin_packs()  # kept
+    read_back = builtin_pattern_nodes()
+    assert all("structure" in vars(node) for node in read_back)  # not computed again
+    kept = [node.structure[0] for node in read_back]
+    program = (
+        "import json\n"
+        "from onnxfuse.language import packs\n"
+        "print(json.dumps([n.structure[0] for p in packs.load_builtin_packs() for r in p.rules"
+        " for s in r.sources for n in s.nodes]))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", program],
+        env={**os.environ, "ONNXFUSE_NO_CACHE": "1", "PYTHONHASHSEED": "12345"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    assert json.loads(other.stdout) == kept
 
 
 def test_a_guard_already_evaluated_still_pickles_and_evaluates_alike():

@@ -8,6 +8,7 @@ produce a ``FunctionProto``; ``compile_function`` is the single compiler.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,9 +26,11 @@ COMMUTATIVE_OPS = frozenset(
 # A commutative node's inputs are tried in every order up to this many inputs.
 _MAX_PERMUTED_INPUTS = 5
 
-# Pattern-node structures, numbered (hash-consed): equal structures of any rules get
-# one number, so a check of one at a graph node serves them all.
-_STRUCTURE_NUMBERS: dict[tuple[Any, ...], int] = {}
+# Pattern-node structures are numbered by a digest of what they require: equal
+# structures of any rules get one number, so a check of one at a graph node serves them
+# all; and the number is the same in every process, so rules read back from the load
+# cache carry theirs (a 64-bit digest: distinct structures meet with odds of 2^-64).
+_STRUCTURE_DIGEST_BYTES = 8
 
 # Per input order, the non-variable inputs: (position, producer pattern node or None
 # for a constant, output index).
@@ -117,15 +120,8 @@ class PatternNode:
                 signature.append((position, below, pvalue.output_index))
             requirements.append(needs)
             signature.append(None)  # ends an order
-        number = _STRUCTURE_NUMBERS.setdefault(tuple(signature), len(_STRUCTURE_NUMBERS))
-        return number, requirements
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A structure's number is this process's (_STRUCTURE_NUMBERS): a pickled one
-        # (the load cache) could name another structure in the process reading it.
-        state = dict(self.__dict__)
-        state.pop("structure", None)
-        return state
+        digest = hashlib.blake2b(repr(signature).encode(), digest_size=_STRUCTURE_DIGEST_BYTES)
+        return int.from_bytes(digest.digest(), "little"), requirements
 
     def describe(self) -> str:
         op = f"{self.domain}::{self.op_type}" if self.domain else self.op_type

@@ -220,6 +220,9 @@ def build_rule(
             source, "source", lines.get("source"), opset, strict_attributes=True, copied=copied
         )
     _check_ops(rule.target, "target", lines.get("target"), opset, strict_attributes=False)
+    for source in rule.sources:
+        for node in source.nodes:
+            node.structure  # noqa: B018 - computed with the rule, kept with it in the load cache
     return rule
 
 
