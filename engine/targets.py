@@ -318,11 +318,15 @@ def load_target(name_or_path: str) -> Target:
             raise OnnxfuseError(f"unknown target '{name_or_path}' (known: {known})")
     try:
         content = path.read_bytes()
-        text = content.decode("utf-8")
+        # As read_text would: universal newlines.
+        text = content.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise TargetError(f"cannot read target file: {exc}", path) from None
     with collector_paused():
-        return cached("target", file_key(path, content), lambda: _parse_target_text(text, path))
+        # Keyed by the very bytes parsed: no later edit can slip in between.
+        return cached(
+            "target", lambda: file_key(path, content), lambda: _parse_target_text(text, path)
+        )
 
 
 def _parse_target_text(text: str, path: Path) -> Target:

@@ -122,3 +122,21 @@ def assert_same_outputs(original: onnx.ModelProto, optimized: onnx.ModelProto, s
 
 def tensor_input(name: str, shape, elem_type: int = onnx.TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def relu_relu_rule(name: str, description: str) -> str:
+    """A rule file with one rule, Relu(Relu(X)) -> Relu(X)."""
+    return f"""\
+rules:
+  - name: {name}
+    description: {description}
+    source: |
+      f (X) => (Y) {{
+        T = Relu(X)
+        Y = Relu(T)
+      }}
+    target: |
+      f (X) => (Y) {{
+        Y = Relu(X)
+      }}
+"""

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_same_outputs, make_model, tensor_input
+from helpers import assert_same_outputs, make_model, relu_relu_rule, tensor_input
 from onnx import helper, numpy_helper
 
 from onnxfuse.cli import main
@@ -51,20 +51,7 @@ def relu_model(tmp_path: Path) -> Path:
     return path
 
 
-USER_RULE = """\
-rules:
-  - name: my-relu-relu
-    description: a user's own rule, no code
-    source: |
-      f (X) => (Y) {
-        T = Relu(X)
-        Y = Relu(T)
-      }
-    target: |
-      f (X) => (Y) {
-        Y = Relu(X)
-      }
-"""
+USER_RULE = relu_relu_rule("my-relu-relu", "a user's own rule, no code")
 
 
 def test_a_new_rule_file_fires_without_code(tmp_path, relu_model):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import relu_relu_rule
 
 from onnxfuse import api
 from onnxfuse.errors import RuleError
@@ -18,19 +19,7 @@ from onnxfuse.language import load_cache, packs
 from onnxfuse.language.guards import parse_guard
 from onnxfuse.targets import load_target
 
-RULE = """rules:
-  - name: relu-relu
-    description: Relu of a Relu is the inner Relu.
-    source: |
-      f (X) => (Y) {
-        T = Relu(X)
-        Y = Relu(T)
-      }
-    target: |
-      f (X) => (Y) {
-        Y = Relu(X)
-      }
-"""
+RULE = relu_relu_rule("relu-relu", "Relu of a Relu is the inner Relu.")
 
 
 @pytest.fixture
@@ -302,3 +291,32 @@ def test_a_guard_already_evaluated_still_pickles_and_evaluates_alike():
     assert "_compiled" not in vars(read_back)
     assert read_back.evaluate({"perm": [1, 0]}) is True
     assert read_back.evaluate({"perm": [0, 1]}) is False
+
+
+def test_a_rule_file_edited_while_it_loads_is_not_kept(tmp_path, cache, monkeypatch):
+    rule_file = tmp_path / "mine.yaml"
+    rule_file.write_text(RULE)
+    parse = packs.load_rule_file
+
+    def parse_then_edit(path, pack=""):
+        rules = parse(path, pack)
+        Path(path).write_text(RULE.replace("relu-relu", "relu-edit"))
+        return rules
+
+    monkeypatch.setattr(packs, "load_rule_file", parse_then_edit)
+    assert [r.name for r in packs.load_rules([rule_file])] == ["relu-relu"]
+    assert entries(cache) == []  # what was parsed is no longer what the file holds
+
+
+def test_a_target_file_with_windows_line_ends_loads_as_with_unix_ones(tmp_path, cache):
+    source = Path(str(packs.resources.files("onnxfuse.builtin_targets") / "cpu.yaml"))
+    text = source.read_text().replace("name: cpu", "name: crlf", 1)
+    unix, windows = tmp_path / "unix.yaml", tmp_path / "windows.yaml"
+    unix.write_bytes(text.encode())
+    windows.write_bytes(text.replace("\n", "\r\n").encode())
+    try:
+        a, b = load_target(str(unix)), load_target(str(windows))
+        assert a.name == b.name == "crlf"
+        assert a.ops == b.ops
+    finally:
+        load_target.cache_clear()

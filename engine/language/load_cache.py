@@ -47,21 +47,33 @@ def cache_dir() -> Path | None:
     return Path(base) / "onnxfuse"
 
 
-def cached(kind: str, key: bytes, load: Callable[[], T]) -> T:
-    """``load()``'s result, read back from the entry named by ``key`` when there is one.
+def cached(kind: str, key: Callable[[], bytes], load: Callable[[], T]) -> T:
+    """``load()``'s result, read back from the entry ``key()`` names when there is one.
 
-    Entries are pruned per ``kind``: loading many rule files of one's own does not
-    push out the built-in rules."""
+    ``key()`` names the files the load reads; it is asked again after a load, and
+    a result whose files changed meanwhile is not kept. A file it cannot read makes
+    the load run uncached (its error is the load's to report). Entries are pruned per
+    ``kind``: loading many rule files of one's own does not push out the built-in rules.
+    """
     folder = cache_dir()
     if folder is None:
         return load()
-    digest = hashlib.blake2b(_environment() + key, digest_size=16).hexdigest()
+    try:
+        named = key()
+    except OSError:
+        return load()
+    digest = hashlib.blake2b(_environment() + named, digest_size=16).hexdigest()
     entry = folder / f"{kind}-{digest}{_SUFFIX}"
     found = _read(entry)
     if found is not None:
         return found
     result = load()
-    _write(folder, entry, result, kind)
+    try:
+        unchanged = key() == named
+    except OSError:
+        unchanged = False
+    if unchanged:
+        _write(folder, entry, result, kind)
     return result
 
 

@@ -155,12 +155,13 @@ def load_packs(paths: list[str | Path]) -> list[Pack]:
     """Rule files and pack folders, in order, each with its manifest."""
     if not paths:
         return []
+    given = [Path(path) for path in paths]
+
+    def key() -> bytes:
+        return content_key(file for path in given for file in _files_read(path))
+
     with collector_paused():
-        try:
-            key = content_key(f for path in paths for f in _files_read(Path(path)))
-        except OSError:
-            return [_load_one(Path(path)) for path in paths]  # whose error says which
-        return cached("rules", key, lambda: [_load_one(Path(path)) for path in paths])
+        return cached("rules", key, lambda: [_load_one(path) for path in given])
 
 
 def _files_read(path: Path) -> list[Path]:
@@ -192,9 +193,11 @@ def load_builtin_packs(packs: list[str] | None = None) -> list[Pack]:
         for name in names:
             if not (root / name).is_dir():
                 raise RuleError(f"no built-in rule pack '{name}'")
-        # Installed files: their sizes and times name them, no need to read them.
-        files = sorted(root.rglob("*.yaml"))
-        key = "\0".join(names).encode() + b"\n" + stat_key(files)
+
+        def key() -> bytes:
+            # Installed files: their sizes and times name them, no need to read them.
+            return "\0".join(names).encode() + b"\n" + stat_key(sorted(root.rglob("*.yaml")))
+
         return cached(
             "builtin-rules", key, lambda: [_load_builtin_pack(root / name) for name in names]
         )
