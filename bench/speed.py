@@ -74,8 +74,6 @@ NODES_PER_BLOCK = 51  # about; the tables print exact counts
 
 def _run_one(tool: str, source: str, output: str, heads: int, hidden: int, kind: str) -> dict:
     if tool == "onnxfuse":
-        import onnx.defs
-
         from onnxfuse.api import optimize_file, select_rules
         from onnxfuse.optimizer import Options
         from onnxfuse.targets import load_target

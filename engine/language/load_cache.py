@@ -1,13 +1,14 @@
-"""Loaded rule packs kept on disk between runs.
+"""Loaded rule packs and targets kept on disk between runs.
 
 Parsing and checking the built-in rules takes ~0.6 s of every command, against
 ~0.1 s to read them back pickled. An entry's name is a digest of everything a
-load reads: the rule files (built-in ones by size and modification time, as
-Python's own bytecode cache does; a user's by content, since they are edited
-and reloaded within one clock tick in scripts), the engine's source files, the
-Python version and the installed onnx, onnx_ir, onnxruntime and numpy (their
-schemas decide which ops a rule may name). Anything that changes makes another
-name; a load that fails is never kept, so its error repeats word for word.
+load reads: the rule and target files (built-in ones by size and modification
+time, as Python's own bytecode cache does; a user's by content, since they are
+edited and reloaded within one clock tick in scripts), the engine's source
+files, the Python version and the installed onnx, onnx_ir, onnxruntime, numpy
+and PyYAML (their schemas decide which ops a rule may name). Anything that
+changes makes another name; a load that fails is never kept, so its error
+repeats word for word.
 
 ``ONNXFUSE_CACHE_DIR`` moves the cache (default ``$XDG_CACHE_HOME/onnxfuse`` or
 ``~/.cache/onnxfuse``); ``ONNXFUSE_NO_CACHE=1`` turns it off. An entry that
