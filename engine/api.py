@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -14,6 +11,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
+from onnxfuse.language.heap import long_lived_objects_frozen
 from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
 from onnxfuse.language.rule import Rule
 from onnxfuse.matcher import Matcher, ModelContext
@@ -68,7 +66,7 @@ def optimize_file(
     if output is not None and Path(output).resolve() == source.resolve():
         raise OnnxfuseError(f"{output}: refusing to overwrite the input model")
     target = options.target if options is not None else None
-    with _long_lived_objects_frozen() as loaded:
+    with long_lived_objects_frozen() as loaded:
         model, inferred = load_model_and_types(source, target)
         loaded()
         # Large folded values wait on disk for the save (from 1 MiB with external weights).
@@ -78,35 +76,6 @@ def optimize_file(
             record_layout_assumptions(model, target)
             _write_or_check(model, source, output, target)
     return report
-
-
-@contextmanager
-def _long_lived_objects_frozen() -> Iterator[Callable[[], None]]:
-    """Leave the long-lived objects (the rules, then the loaded model) out of the cyclic
-    garbage collector's passes: each full pass over them cost more than the optimization
-    of a small model (sample: 0.3 -> 0.1 s CPU). The collector is paused until the caller
-    calls what this yields once the model is loaded (all the load makes is the model:
-    BERT-base's load had a 66 ms pass), which freezes it too. Objects made after are
-    collected as usual. A caller's own freeze, or a disabled collector, is left alone."""
-    if gc.get_freeze_count() or not gc.isenabled():
-        yield lambda: None
-        return
-    paused = True
-
-    def loaded() -> None:
-        nonlocal paused
-        if paused:
-            paused = False
-            gc.freeze()  # before enabling: the next allocation would start a pass over it
-            gc.enable()
-
-    gc.freeze()
-    gc.disable()
-    try:
-        yield loaded
-    finally:
-        loaded()
-        gc.unfreeze()
 
 
 def _write_or_check(

@@ -124,13 +124,13 @@ def tensor_input(name: str, shape, elem_type: int = onnx.TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
-def relu_relu_rule(name: str, description: str) -> str:
-    """A rule file with one rule, Relu(Relu(X)) -> Relu(X)."""
+def relu_relu_rule(name: str, description: str | None = None) -> str:
+    """A rule file with one rule, Relu(Relu(X)) -> Relu(X); more keys may be appended."""
+    described = f"    description: {description}\n" if description is not None else ""
     return f"""\
 rules:
   - name: {name}
-    description: {description}
-    source: |
+{described}    source: |
       f (X) => (Y) {{
         T = Relu(X)
         Y = Relu(T)

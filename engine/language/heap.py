@@ -1,9 +1,9 @@
-"""Loading without the cyclic garbage collector's passes over the whole heap."""
+"""Loading and optimizing without the cyclic garbage collector's passes over the whole heap."""
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -32,3 +32,32 @@ def collector_paused() -> Iterator[None]:
             gc.freeze()
             gc.unfreeze()
         gc.enable()
+
+
+@contextmanager
+def long_lived_objects_frozen() -> Iterator[Callable[[], None]]:
+    """Leave the long-lived objects (the rules, then the loaded model) out of the cyclic
+    garbage collector's passes: each full pass over them cost more than the optimization
+    of a small model (sample: 0.3 -> 0.1 s CPU). The collector is paused until the caller
+    calls what this yields once the model is loaded (all the load makes is the model:
+    BERT-base's load had a 66 ms pass), which freezes it too. Objects made after are
+    collected as usual. A caller's own freeze, or a disabled collector, is left alone."""
+    if gc.get_freeze_count() or not gc.isenabled():
+        yield lambda: None
+        return
+    paused = True
+
+    def loaded() -> None:
+        nonlocal paused
+        if paused:
+            paused = False
+            gc.freeze()  # before enabling: the next allocation would start a pass over it
+            gc.enable()
+
+    gc.freeze()
+    gc.disable()
+    try:
+        yield loaded
+    finally:
+        loaded()
+        gc.unfreeze()

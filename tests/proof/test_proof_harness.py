@@ -6,7 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import rules_from_text
+from helpers import relu_relu_rule, rules_from_text
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -33,24 +33,9 @@ from onnxfuse.proof.negatives import Mutation
 from onnxfuse.proof.runtime import compare
 from onnxfuse.targets import load_target
 
-RELU_RELU = """\
-rules:
-  - name: my-relu-relu
-    source: |
-      f (X) => (Y) {{
-        T = Relu(X)
-        Y = Relu(T)
-      }}
-    target: |
-      f (X) => (Y) {{
-        Y = Relu(X)
-      }}
-{verify}
-"""
-
 
 def rule_with(verify: str):
-    return rules_from_text(RELU_RELU.format(verify=verify))[0]
+    return rules_from_text(relu_relu_rule("my-relu-relu") + verify + "\n")[0]
 
 
 def domain_error(verify: str) -> str:
