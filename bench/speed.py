@@ -277,6 +277,32 @@ ir.save(model, sys.argv[2])
 """
 
 
+# The command's steps, timed one by one from the first import (as `python -m onnxfuse`
+# does, sympy is deferred first).
+_PHASES_COMMAND = """
+import json, sys, time
+started = time.perf_counter()
+from onnxfuse.deferred_imports import defer_unused_imports
+defer_unused_imports()
+from onnxfuse.api import optimize_file, select_rules
+from onnxfuse.optimizer import Options
+from onnxfuse.targets import load_target
+imported = time.perf_counter()
+rules = select_rules()
+loaded = time.perf_counter()
+options = Options(target=load_target("cpu"))
+targeted = time.perf_counter()
+optimize_file(sys.argv[1], sys.argv[2], rules, options)
+done = time.perf_counter()
+print(json.dumps({
+    "import": imported - started,
+    "rules": loaded - imported,
+    "target": targeted - loaded,
+    "optimize_file": done - targeted,
+}))
+"""
+
+
 def commands(models: list[Model], repeat: int, folder: Path) -> list[dict]:
     """Whole commands on ``models``, interpreter start to exit (medians of ``repeat``).
 
@@ -330,30 +356,9 @@ def _whole_command(tool: str, source: Path, cache: Path) -> dict:
         if tool != "onnxfuse":
             return {"seconds": seconds}
         # Where the command's time goes, from a child doing the same steps.
-        phases = [sys.executable, __file__, "--run-phases", str(source), out]
+        phases = [sys.executable, "-c", _PHASES_COMMAND, str(source), out]
         found = subprocess.run(phases, capture_output=True, check=True, env=environment)
     return {"seconds": seconds, **json.loads(found.stdout)}
-
-
-def _run_phases(source: str, output: str) -> dict:
-    started = time.perf_counter()
-    from onnxfuse.api import optimize_file, select_rules
-    from onnxfuse.optimizer import Options
-    from onnxfuse.targets import load_target
-
-    imported = time.perf_counter()
-    rules = select_rules()
-    loaded = time.perf_counter()
-    options = Options(target=load_target("cpu"))
-    targeted = time.perf_counter()
-    optimize_file(source, output, rules, options)
-    done = time.perf_counter()
-    return {
-        "import": imported - started,
-        "rules": loaded - imported,
-        "target": targeted - loaded,
-        "optimize_file": done - targeted,
-    }
 
 
 def scaling(folder: Path, max_nodes: int) -> dict:
@@ -427,9 +432,6 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--run-one":
         tool, source, output, heads, hidden, kind = sys.argv[2:8]
         print(json.dumps(_run_one(tool, source, output, int(heads), int(hidden), kind)))
-        return
-    if len(sys.argv) > 1 and sys.argv[1] == "--run-phases":
-        print(json.dumps(_run_phases(sys.argv[2], sys.argv[3])))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", type=Path)

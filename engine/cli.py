@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from onnxfuse.deferred_imports import defer_unused_imports
 from onnxfuse.errors import InvariantError, OnnxfuseError
 from onnxfuse.language.heap import collector_paused
 
@@ -230,7 +231,9 @@ def run() -> None:
     """The command line: ``main``, then exit without tearing the interpreter down.
     Freeing the rules, onnx_ir and sympy object by object at exit took 0.4-0.7 s, longer
     than optimizing a small model. Exit handlers (temporary directories, logging) still
-    run; argparse's own exits (--help, usage errors) and tracebacks take the usual way."""
+    run; argparse's own exits (--help, usage errors) and tracebacks take the usual way.
+    sympy, which onnx_ir imports and optimizing never reads, is imported only if read."""
+    defer_unused_imports()
     code = main()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
