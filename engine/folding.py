@@ -55,6 +55,15 @@ class _AboveLimit(Exception):
 
 
 @dataclass
+class _Batch:
+    """Results of ``Folder.fold_nodes`` not yet placed in the graph: by id of the value
+    they replace, that value, its new name and the tensor; and the folded nodes, in order."""
+
+    held: dict[int, tuple[ir.Value, str, ir.TensorProtocol]]
+    nodes: list[ir.Node]
+
+
+@dataclass
 class FoldContext:
     ir_version: int
     opsets: dict[str, int]
@@ -72,18 +81,22 @@ class Folder:
         # Function bodies cannot hold initializers: constants there stay Constant nodes.
         self.function_graphs = function_graphs
         self.folded = 0
+        self._batch: _Batch | None = None
 
     def fold_graph(self, graph: ir.Graph | ir.Function) -> None:
         for node in list(graph):
             self.fold_node(node)
 
     def fold_nodes(self, nodes: Iterable[ir.Node]) -> list[ir.Node]:
-        """Fold what can be folded; return the nodes that remain in the graph."""
-        remaining = []
-        for node in nodes:
-            if not self.fold_node(node):
-                remaining.append(node)
-        return remaining
+        """Fold what can be folded; return the nodes that remain in the graph. A result
+        read only by nodes folded here too never becomes an initializer: it is handed
+        on as a tensor (conv-bn-fold computes 9 values to make its 2 weights). Names
+        are taken as folding one node at a time takes them, so the model is the same."""
+        self._batch = _Batch(held={}, nodes=[])
+        try:
+            return [node for node in nodes if not self.fold_node(node)]
+        finally:
+            self._settle()
 
     def fold_node(self, node: ir.Node) -> bool:
         graph = node.graph
@@ -108,9 +121,12 @@ class Folder:
                 return False
         if sum(r.nbytes for r in results) > self.context.limit_bytes:
             return False
-        self._replace_outputs(node, results, in_function)
         sources = [v.const_value for v in node.inputs if v is not None]
-        graph.remove(node, safe=True)
+        if self._batch is not None and not in_function:
+            self._hold(node, results)
+        else:
+            self._replace_outputs(node, results, in_function)
+            graph.remove(node, safe=True)
         self.folded += 1
         if spill.active() is not None:
             # Mapped pages of the weights just read count in memory until unmapped;
@@ -119,6 +135,40 @@ class Folder:
             for tensor in sources:
                 spill.release(tensor)
         return True
+
+    def _hold(self, node: ir.Node, results: list[np.ndarray]) -> None:
+        assert self._batch is not None
+        for output, array in zip(node.outputs, results):
+            name = self._take_name(output)
+            self._batch.held[id(output)] = (output, name, _tensor(array, name))
+        self._batch.nodes.append(node)
+
+    def _settle(self) -> None:
+        """Place the held results that a graph output or an unfolded node reads as
+        initializers; remove the folded nodes."""
+        batch, self._batch = self._batch, None
+        assert batch is not None
+        folded = {id(node) for node in batch.nodes}
+        by_graph: dict[int, tuple[ir.Graph, list[ir.Node]]] = {}
+        for node in batch.nodes:
+            graph = node.graph
+            assert graph is not None
+            for output in node.outputs:
+                _, name, tensor = batch.held[id(output)]
+                if output.is_graph_output() or any(
+                    id(consumer) not in folded for consumer in output.consumers()
+                ):
+                    self._place(graph, output, name, tensor)
+            by_graph.setdefault(id(graph), (graph, []))[1].append(node)
+        for graph, nodes in by_graph.values():
+            graph.remove(nodes, safe=True)
+
+    def _input_tensor(self, value: ir.Value | None) -> ir.TensorProtocol | None:
+        if self._batch is not None and value is not None:
+            held = self._batch.held.get(id(value))
+            if held is not None and held[0] is value:
+                return held[2]
+        return constant_tensor(value, self.context.ir_version)
 
     def _replace_outputs(self, node: ir.Node, results: list[np.ndarray], in_function: bool) -> None:
         assert node.graph is not None
@@ -140,10 +190,7 @@ class Folder:
         return self._evaluate(node, [None if t is None else t.numpy() for t in tensors])
 
     def _constant_tensors(self, node: ir.Node) -> list[ir.TensorProtocol | None] | None:
-        tensors = [
-            None if value is None else constant_tensor(value, self.context.ir_version)
-            for value in node.inputs
-        ]
+        tensors = [None if value is None else self._input_tensor(value) for value in node.inputs]
         if any(t is None and v is not None for t, v in zip(tensors, node.inputs)):
             return None  # decided before reading any weight: lazy data stays on disk
         if node.op_type != "Constant" and not any(t is not None for t in tensors):
@@ -173,7 +220,7 @@ class Folder:
         """CastLike needs only the dtype of its second input, not its value."""
         if node.op_type != "CastLike" or len(node.inputs) != 2 or node.inputs[1] is None:
             return None
-        tensor = constant_tensor(node.inputs[0], self.context.ir_version)
+        tensor = self._input_tensor(node.inputs[0])
         like = node.inputs[1].dtype
         if tensor is None or like is None or like.numpy() is None:
             return None
@@ -186,7 +233,7 @@ class Folder:
         """ConstantOfShape is a plain fill: no evaluator needed (weights of big models)."""
         if node.op_type != "ConstantOfShape" or not node.inputs or node.inputs[0] is None:
             return None
-        shape = constant_tensor(node.inputs[0], self.context.ir_version)
+        shape = self._input_tensor(node.inputs[0])
         if shape is None:
             return None
         dims = [int(d) for d in shape.numpy().reshape(-1)]
@@ -262,7 +309,12 @@ class Folder:
         self, graph: ir.Graph | ir.Function, old: ir.Value, array: np.ndarray
     ) -> None:
         name = self._take_name(old)
-        tensor: ir.TensorProtocol = spill.fill_tensor(array, name) or ir.Tensor(array, name=name)
+        self._place(graph, old, name, _tensor(array, name))
+
+    def _place(
+        self, graph: ir.Graph | ir.Function, old: ir.Value, name: str, tensor: ir.TensorProtocol
+    ) -> None:
+        """``tensor`` as the initializer ``name``, read where ``old`` was."""
         area = spill.active()
         if area is not None:
             tensor = area.spill(tensor) or tensor
@@ -294,6 +346,10 @@ class Folder:
         assert node.graph is not None
         node.graph.insert_before(node, constant)
         old.replace_all_uses_with(value, replace_graph_outputs=True)
+
+
+def _tensor(array: np.ndarray, name: str) -> ir.TensorProtocol:
+    return spill.fill_tensor(array, name) or ir.Tensor(array, name=name)
 
 
 def reference_evaluator() -> type:
