@@ -24,9 +24,7 @@ def _build(steps: list[tuple[str, int, int, bool, bool]]) -> tuple[ir.Model, lis
     weights = []
     for k, data in enumerate(([1.0, 2.0, 3.0], [0.5, -1.0, 4.0])):
         tensor = ir.tensor(np.array(data, np.float32), name=f"w{k}")
-        weights.append(
-            ir.Value(name=f"w{k}", type=ir.TensorType(tensor.dtype), shape=tensor.shape)
-        )
+        weights.append(ir.Value(name=f"w{k}", type=ir.TensorType(tensor.dtype), shape=tensor.shape))
         weights[-1].const_value = tensor
     graph = ir.Graph([x], [], nodes=[], initializers=weights, opset_imports={"": 17})
     values = list(weights)
@@ -101,9 +99,7 @@ def test_results_read_only_by_folded_nodes_are_not_initializers() -> None:
     graph = model.graph
     # A folded value takes a fresh name; a graph output keeps its own.
     assert list(graph.initializers) == ["w0", "w1", "v1_1", "v3"]
-    np.testing.assert_array_equal(
-        graph.initializers["v1_1"].const_value.numpy(), [2.25, 1.0, 49.0]
-    )
+    np.testing.assert_array_equal(graph.initializers["v1_1"].const_value.numpy(), [2.25, 1.0, 49.0])
     np.testing.assert_array_equal(graph.initializers["v3"].const_value.numpy(), [-1.5, -1.0, -7.0])
     assert graph.outputs[0] is graph.initializers["v3"]
     assert nodes[2].inputs[1] is graph.initializers["v1_1"]
