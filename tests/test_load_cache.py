@@ -320,3 +320,22 @@ def test_a_target_file_with_windows_line_ends_loads_as_with_unix_ones(tmp_path, 
         assert a.ops == b.ops
     finally:
         load_target.cache_clear()
+
+
+def test_a_load_from_the_cache_imports_no_yaml_parser(cache):
+    script = (
+        "import json, sys\n"
+        "from onnxfuse.api import select_rules\n"
+        "from onnxfuse.targets import load_target\n"
+        "rules, target = select_rules(), load_target('cpu')\n"
+        "print(json.dumps([len(rules), 'yaml' in sys.modules]))\n"
+    )
+    found = []
+    for _ in range(2):  # the first fills the cache, the second reads it
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        found.append(json.loads(done.stdout))
+    assert found[0][1] and found[0][0] == found[1][0] > 200
+    assert not found[1][1]

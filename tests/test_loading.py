@@ -11,7 +11,8 @@ import yaml
 from onnxfuse.errors import RuleError
 from onnxfuse.language.rule import _assigns
 from onnxfuse.language.rulefile import parse_rule_text
-from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, _Loader, load_yaml
+from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
+from onnxfuse.language.yaml_parse import _Loader
 
 RELU = "f (X) => (Y) { Y = Relu(X) }"
 
