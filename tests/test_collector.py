@@ -124,7 +124,9 @@ def test_a_paused_load_leaves_a_callers_frozen_objects_frozen(collector_restored
     frozen = gc.get_freeze_count()
     with collector_paused():
         made = [Loaded() for _ in range(1000)]
-    assert gc.get_freeze_count() == frozen
+    # None thawed (the count would fall to 0) and none added (it would grow by ~1000);
+    # frozen objects of other code may die meanwhile (each lowers the count by one).
+    assert frozen - 100 <= gc.get_freeze_count() <= frozen
     assert gc.isenabled()
     assert len(made) == 1000
 
