@@ -64,14 +64,24 @@ def _rules() -> list[tuple[object, object]]:
 
 def enabled_targets(rule, domain, targets: Sequence[str], opset: int) -> list[str]:
     """The targets among ``targets`` where ``rule`` may fire at ``opset``: the domain's
-    target parameters match the target's, the domain's own target (if it names one)
-    is that target, and the target runs the ops the rule creates."""
+    target parameters, read on this machine (`block: auto`), match the target's, the
+    domain's own target (if it names one) is that target, and the target runs the ops
+    the rule creates."""
+    from onnxfuse.errors import OnnxfuseError
+    from onnxfuse.proof.check import resolved_domain_params
+
     found = []
     for name in targets:
         target = oracle.target(name)
         if domain.target is not None and oracle.target(domain.target).name != target.name:
             continue
-        if any(target.params.get(k) != v for k, v in domain.target_params.items()):
+        try:
+            wanted = resolved_domain_params(target, domain) if domain.target_params else {}
+        except OnnxfuseError:
+            continue  # a parameter this target does not take
+        if len(wanted) < len(domain.target_params):
+            continue  # a parameter is off on this machine
+        if any(target.params.get(k) != v for k, v in wanted.items()):
             continue
         if target.unsupported_ops(rule, set(), {"": opset, "com.microsoft": 1}):
             continue

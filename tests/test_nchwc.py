@@ -1,9 +1,10 @@
 """NCHWc blocked layout for the CPU target: target parameters, the layout phase,
 and the filters the nchwc pack lays out, compared with onnxruntime's own.
 
-Numerics of every rule are proven by tests/proof (block 8, this machine's
-onnxruntime kernels). A model laid out for block 16 runs only where MLAS picks
-16 (AVX-512F): here its layouts are checked structurally, against a numpy
+Numerics of every rule are proven by tests/proof at the block size onnxruntime's
+kernels use on this machine (8 with AVX2, 16 with AVX-512F); the comparisons with
+onnxruntime here use it too. A model laid out for the other block size runs only
+where MLAS picks that one: here its layouts are checked structurally, against a numpy
 re-layout written from onnxruntime's definition of the filter orders.
 """
 
@@ -29,6 +30,12 @@ from onnxfuse.target_params import BLOCK_SIZE_METADATA, parse_params, split_spec
 from onnxfuse.targets import load_target
 
 NCHWC = "com.microsoft.nchwc"
+# The block size onnxruntime's NCHWc kernels use here; None: this CPU has none.
+BLOCK = detect_block_size()
+OTHER_BLOCK = 8 if BLOCK == 16 else 16
+runs_blocked_here = pytest.mark.skipif(
+    BLOCK is None, reason="this CPU has no NCHWc kernels: onnxruntime cannot run blocked models"
+)
 
 
 # -- target parameters ---------------------------------------------------------------
@@ -137,7 +144,8 @@ def _model(nodes, initializers, x_shape, y_shape, opset=17) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
-def _ours(model: onnx.ModelProto, target: str = "cpu:block=8") -> onnx.ModelProto:
+def _ours(model: onnx.ModelProto, target: str | None = None) -> onnx.ModelProto:
+    target = target or f"cpu:block={BLOCK or 8}"  # 8: layouts alone, where none runs
     loaded = ir.from_proto(model)
     chosen = load_target(target)
     optimize(loaded, api.select_rules(target=chosen), Options(target=chosen))
@@ -222,6 +230,7 @@ def _conv_model(shape, group, channels, bias, seed=0):
     return _model([node], initializers, [1, channels, 8, 8], [1, shape[0], 8, 8]), w
 
 
+@runs_blocked_here
 @pytest.mark.parametrize(
     ("shape", "group", "channels", "bias", "layout"),
     [c[1:] for c in CONVS],
@@ -233,30 +242,37 @@ def test_filters_equal_onnxruntimes_bit_for_bit(tmp_path, shape, group, channels
     assert _ops(ours) == _ops(theirs)
     [mine], [reference] = _nchwc_conv_weights(ours), _nchwc_conv_weights(theirs)
     assert mine.dtype == reference.dtype and np.array_equal(mine, reference)
-    assert np.array_equal(mine, layout(w, 8))
+    assert np.array_equal(mine, layout(w, BLOCK))
     x = np.random.default_rng(1).standard_normal((1, channels, 8, 8)).astype(np.float32)
     np.testing.assert_allclose(_run(ours, x), _run(model, x), rtol=1e-4, atol=1e-4)
 
 
+def _fits(shape: tuple[int, ...], block: int) -> bool:
+    return shape[0] % block == 0 and (shape[1] % block == 0 or shape[1] < block)
+
+
 @pytest.mark.parametrize(
     ("shape", "group", "channels", "bias", "layout"),
-    [c[1:] for c in CONVS if c[1][0] % 16 == 0 and (c[1][1] % 16 == 0 or c[1][1] < 16)],
-    ids=[c[0] for c in CONVS if c[1][0] % 16 == 0 and (c[1][1] % 16 == 0 or c[1][1] < 16)],
+    [c[1:] for c in CONVS if _fits(c[1], OTHER_BLOCK)],
+    ids=[c[0] for c in CONVS if _fits(c[1], OTHER_BLOCK)],
 )
-def test_block_16_layouts_structurally(shape, group, channels, bias, layout):
-    # Structural only: onnxruntime here runs block 8 kernels, so a block-16 model
-    # would compute garbage on this machine; its numerics need an AVX-512F machine.
+def test_the_other_block_sizes_layouts_structurally(shape, group, channels, bias, layout):
+    # Structural only: onnxruntime here runs the kernels of this machine's block size,
+    # so a model of the other one would compute garbage; its numerics need such a CPU.
     model, w = _conv_model(shape, group, channels, bias)
-    ours = _ours(model, "cpu:block=16")
+    ours = _ours(model, f"cpu:block={OTHER_BLOCK}")
     [mine] = _nchwc_conv_weights(ours)
-    assert np.array_equal(mine, layout(w, 16))
-    assert not np.array_equal(mine, layout(w, 8)) or (shape[0] == 16 and shape[1] == 1)
+    assert np.array_equal(mine, layout(w, OTHER_BLOCK))
+    same_either_way = shape[0] == 16 and shape[1] == 1
+    assert not np.array_equal(mine, layout(w, 24 - OTHER_BLOCK)) or same_either_way
 
 
-def test_input_channels_off_the_block_stay_nchw():
-    # 12 input channels: neither a multiple of the block nor fewer than it.
-    model, _ = _conv_model((16, 12, 3, 3), 1, 12, True)
-    assert not any(n.domain == NCHWC for n in _ours(model).graph.node)
+@pytest.mark.parametrize("block", [8, 16])
+def test_input_channels_off_the_block_stay_nchw(block):
+    # Neither a multiple of the block nor fewer than it.
+    channels = block + 4
+    model, _ = _conv_model((16, channels, 3, 3), 1, channels, True)
+    assert not any(n.domain == NCHWC for n in _ours(model, f"cpu:block={block}").graph.node)
 
 
 def test_plain_cpu_stays_portable():
@@ -264,6 +280,7 @@ def test_plain_cpu_stays_portable():
     assert not any(n.domain == NCHWC for n in _ours(model, "cpu").graph.node)
 
 
+@runs_blocked_here
 def test_depthwise_is_not_taken_for_a_first_conv():
     # A depthwise filter has one input channel, fewer than the block: only the
     # depthwise rule may take it (the first-conv layout would be wrong).
@@ -288,6 +305,7 @@ def test_depthwise_is_not_taken_for_a_first_conv():
     np.testing.assert_allclose(_run(ours, x), _run(model, x), rtol=1e-4, atol=1e-4)
 
 
+@runs_blocked_here
 def test_layout_runs_after_fusion_residual_block(tmp_path):
     # Conv -> Relu -> Conv -> Add(shortcut) -> Relu -> MaxPool: the fusion phase makes
     # FusedConv(Relu) and FusedConv(Z, Relu) first; the layout phase then blocks the
@@ -369,8 +387,9 @@ def _graph_case(kind: str) -> onnx.ModelProto:
             helper.make_node("Concat", ["A", "B", "C"], ["K"], axis=1),
             helper.make_node("Conv", ["K", "Wd"], ["Y"], pads=pads),
         ]
-        inits = {"Wa": weight(8, 16), "Wb": weight(16, 16), "Wc": weight(8, 16)}
-        inits["Wd"] = weight(16, 32)
+        # A and C one block each: Concat joins whole blocks.
+        inits = {"Wa": weight(BLOCK, 16), "Wb": weight(16, 16), "Wc": weight(BLOCK, 16)}
+        inits["Wd"] = weight(16, 2 * BLOCK + 16)
         return _model(nodes, inits, [1, 16, 8, 8], [1, 16, 8, 8])
     if kind == "resize":
         nodes = [
@@ -407,6 +426,7 @@ def _graph_case(kind: str) -> onnx.ModelProto:
     raise AssertionError(kind)
 
 
+@runs_blocked_here
 @pytest.mark.parametrize("kind", ["concat3", "resize", "batchnorm", "nhwc-output"])
 def test_blocked_regions_like_onnxruntime(kind, tmp_path):
     model = _graph_case(kind)
@@ -433,9 +453,10 @@ def test_every_nchwc_rule_needs_a_block_size():
 
     for rule in load_builtin_rules(["nchwc"]):
         assert rule.guards[0].text == "'block' in target_params", rule.name
-        assert rule.verify.get("target_params") == {"block": 8}, rule.name
+        assert rule.verify.get("target_params") == {"block": "auto"}, rule.name
 
 
+@runs_blocked_here
 @pytest.mark.parametrize(
     "rule",
     [pytest.param(r, id=r.name) for r in api.select_rules(target="cpu") if r.pack == "nchwc"],
@@ -448,6 +469,6 @@ def test_rule_does_not_fire_without_a_block_size(rule):
     instance, _ = find_firing_instance(rule, parse_domain(rule), load_target("cpu"), tries=50)
     assert instance is not None, rule.name
     model = build_model(instance.spec)
-    assert optimize_with(model, rule, load_target("cpu:block=8"))[0]
+    assert optimize_with(model, rule, load_target(f"cpu:block={BLOCK}"))[0]
     portable = load_target("cpu")
     assert not optimize_with(model, rule, portable)[0]

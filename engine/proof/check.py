@@ -46,6 +46,7 @@ from onnxfuse.proof.runtime import (
     compare,
     first_line,
 )
+from onnxfuse.target_params import parse_params
 from onnxfuse.targets import Target, load_target
 
 # Matcher failures that mean "the guards (or the target) reject this instance".
@@ -92,12 +93,16 @@ class RuleReport:
     skipped: Counter[str] = field(default_factory=Counter)
     failure: Failure | None = None
     error: str | None = None  # the domain is missing, malformed, or never fires
+    # Why this machine cannot run the domain's instances (nothing was checked).
+    unavailable: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.failure is None and self.error is None
 
     def summary(self) -> str:
+        if self.unavailable is not None:
+            return f"not checked here: {self.unavailable}"
         parts = [f"fired on {self.fired} instance(s)"]
         if self.runtimes:
             parts.append(", ".join(f"{k} {v}" for k, v in sorted(self.runtimes.items())))
@@ -466,6 +471,9 @@ def check_rule(
         return report
     if isinstance(target, str):
         target = load_target(target)
+    report.unavailable = unavailable_here(target, domain)
+    if report.unavailable is not None:
+        return report
     target = with_domain_params(target, domain)
     failing_since: list[float] = []
 
@@ -578,7 +586,28 @@ def with_domain_params(target: Target | None, domain: Domain) -> Target | None:
         target = load_target(domain.target)
     if target is None or not domain.target_params:
         return target
-    return target.with_params({**target.params, **domain.target_params})
+    return target.with_params({**target.params, **resolved_domain_params(target, domain)})
+
+
+def unavailable_here(target: Target | None, domain: Domain) -> str | None:
+    """Why this machine cannot run the domain's instances, or None: a target parameter
+    it names is off here (`block: auto` on a CPU without NCHWc kernels)."""
+    if target is not None and domain.target is not None:
+        target = load_target(domain.target)
+    if target is None or not domain.target_params:
+        return None
+    resolved = resolved_domain_params(target, domain)
+    off = [f"{key}={value}" for key, value in domain.target_params.items() if key not in resolved]
+    if not off:
+        return None
+    return f"target parameter {', '.join(off)} is off on this machine"
+
+
+def resolved_domain_params(target: Target, domain: Domain) -> dict[str, object]:
+    """The domain's parameters read as the command line reads them (`block: auto` is
+    this machine's NCHWc block size: the one onnxruntime's kernels run here)."""
+    spec = ",".join(f"{key}={value}" for key, value in domain.target_params.items())
+    return parse_params(target.name, spec)
 
 
 def coverage_message(name: str, tried: int, rejected: Counter[str]) -> str:

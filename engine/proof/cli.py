@@ -115,6 +115,9 @@ def _check(args: argparse.Namespace, rules, target) -> int:
             negative=not args.no_negatives,
             negatives_per_instance=args.negatives_per_instance,
         )
+        if report.unavailable is not None:
+            print(f"  skip  {rule.name:<{width}}  {report.summary()}", flush=True)
+            continue
         if report.ok:
             print(f"  ok    {rule.name:<{width}}  {report.summary()}", flush=True)
             continue

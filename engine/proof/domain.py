@@ -58,7 +58,10 @@ _DOMAIN_KEYS = {
     "special_values": "NaN, inf, -0.0, subnormal, large values in data",
     "tolerance": "a looser comparison tolerance, with a reason",
     "negatives": "mutations of an instance that must not fire",
-    "target_params": "target parameters instances are optimized with (cpu: {block: 8})",
+    "target_params": (
+        "target parameters instances are optimized with, as the command line reads them "
+        "(cpu: {block: auto}, the block size this machine's onnxruntime kernels use)"
+    ),
     "target": "the target instances are optimized for, where not the check's (cuda)",
 }
 _VAR_KEYS = {"shape", "shapes", "dtype", "constant", "present", "value", "range"}
