@@ -472,3 +472,23 @@ def test_rule_does_not_fire_without_a_block_size(rule):
     assert optimize_with(model, rule, load_target(f"cpu:block={BLOCK}"))[0]
     portable = load_target("cpu")
     assert not optimize_with(model, rule, portable)[0]
+
+
+def test_proofs_run_at_this_machines_block_size_and_are_skipped_without_one(monkeypatch, capsys):
+    import onnxfuse.target_params as target_params
+    from onnxfuse.proof.check import check_rule, unavailable_here, with_domain_params
+    from onnxfuse.proof.domain import parse_domain
+
+    [rule] = [r for r in api.select_rules(target="cpu") if r.name == "nchwc-conv"]
+    domain = parse_domain(rule)
+    for machine in (8, 16):
+        monkeypatch.setattr(target_params, "detect_block_size", lambda machine=machine: machine)
+        assert with_domain_params(load_target("cpu"), domain).params == {"block": machine}
+        assert unavailable_here(load_target("cpu"), domain) is None
+    monkeypatch.setattr(target_params, "detect_block_size", lambda: None)
+    reason = unavailable_here(load_target("cpu"), domain)
+    assert reason == "target parameter block=auto is off on this machine"
+    report = check_rule(rule, examples=3, target="cpu")
+    assert report.ok and report.fired == 0 and report.unavailable == reason
+    assert main(["check", rule.origin.rsplit(":", 1)[0], "--rule", rule.name]) == 0
+    assert f"skip  {rule.name}  not checked here: {reason}" in capsys.readouterr().out
