@@ -22,7 +22,9 @@ Every variant's outputs are first compared with the original's at ORT_DISABLE_AL
 tolerance of tests/test_exports.py (1e-4 relative, 1e-5 absolute); a variant that differs
 is still timed but marked, one that fails to optimize or load is not timed. Then W warm-up
 runs each, then N rounds in which every variant runs once, in turn (round robin: drift in
-the machine's load hits all alike). Sessions use T intra-op threads (default 2) and run
+the machine's load hits all alike), each round starting one variant later (a variant's
+place in the round biased it: two identical models measured 19% apart when each round ran
+the variants in one order). Sessions use T intra-op threads (default 2) and run
 sequentially. The table shows the median per-run time, the interquartile range and the
 ratio of the median to orig-all's (below 1: faster than onnxruntime's own optimizations).
 

@@ -277,7 +277,7 @@ def document(
     out += [
         "",
         "The machine is shared (2 cores, other work running): compare within a row, not",
-        "across runs. Others were changing the engine while these ran; the commit says which",
+        "across runs. The commit says which",
         "engine was measured.",
         "",
         "## Targets",
@@ -292,7 +292,8 @@ def document(
             "",
             f"onnxruntime CPU, {env.get('threads', '?')} intra-op threads, sequential; median of "
             f"{env.get('runs', '?')} runs per variant after {env.get('warmup', '?')} warm-up runs,",
-            "the variants' runs alternating in one process; `±` the interquartile range, `x` the",
+            "the variants' runs alternating in one process, each round starting one variant",
+            "later; `±` the interquartile range, `x` the",
             "median over the original's with ORT_ENABLE_ALL (below 1: faster). Every variant's",
             "outputs were compared with the original's first (1e-4 relative, 1e-5 absolute; `✗`:",
             "they differ). `ORT off` is ORT_DISABLE_ALL, `ORT all` ORT_ENABLE_ALL. On the CNNs",

@@ -248,7 +248,9 @@ def round_robin(
     sessions: dict[str, ort.InferenceSession], feeds: dict, runs: int, warmup: int
 ) -> dict[str, list[float]]:
     """Per-run milliseconds of each session: warm-up first, then the runs in turn, so that
-    drift in the machine's load hits every session alike. Each gets the feeds it takes."""
+    drift in the machine's load hits every session alike; each round starts one session
+    later than the last, as a session's place in the round biases it (two identical
+    models, last and second to last, measured 19% apart). Each gets the feeds it takes."""
     inputs = {
         name: {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}}
         for name, sess in sessions.items()
@@ -256,11 +258,13 @@ def round_robin(
     for _ in range(warmup):
         for name, sess in sessions.items():
             sess.run(None, inputs[name])
+    names = list(sessions)
     times: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(runs):
-        for name, sess in sessions.items():
+    for round_index in range(runs):
+        start_at = round_index % len(names)
+        for name in names[start_at:] + names[:start_at]:
             start = time.perf_counter()
-            sess.run(None, inputs[name])
+            sessions[name].run(None, inputs[name])
             times[name].append((time.perf_counter() - start) * 1000)
     return times
 
