@@ -45,8 +45,10 @@ KIND_NOTES = {
     "it treats them as non-constant and has nothing to do; onnxfuse folds and fuses them. "
     "Their weights are ConstantOfShape fills: onnxfuse writes them out as initializers "
     "(alexnet 244 MB, vgg19 164 MB, zfnet512 47 MB) where onnxscript writes back the "
-    "4-10 KB input. Writing alexnet's file alone takes about 0.07 s here (3.5 GB/s, "
-    "blocks allocated in one call), a third of onnxscript's whole run.",
+    "4-10 KB input. Writing alexnet's file alone takes about 0.06-0.07 s (4 GB/s, blocks "
+    "allocated in one call), most of onnxscript's whole run on a fast machine. Left unfolded, "
+    "the fills would be computed again at every inference with onnxruntime's optimizations "
+    "off; `--fold-limit` caps what is folded.",
     "export": "The CNN exports have static shapes (1x3x224x224); the transformers take 2 "
     "sequences of 32 tokens. The BERT has BERT-base's depth and width (12 layers, hidden "
     "768) with a 1536 feed-forward.",
@@ -336,9 +338,10 @@ def document(
                 "are onnxfuse's own, timed in a separate child doing the same steps (interpreter",
                 "start and exit are the rest). Both import onnx_ir, which imports sympy (0.25 s",
                 "or more here); onnxfuse's command defers sympy until something reads it, and",
-                "optimizing never does. onnxfuse reads its rules and target from the load cache",
-                "(README)",
-                "that an untimed run filled; `first run` is one run with nothing cached.",
+                "optimizing never does. Python keeps modules' bytecode, as by default (the bench",
+                "clears PYTHONDONTWRITEBYTECODE). onnxfuse reads its rules and target from the",
+                "load cache (README) that an untimed run filled; `first run` is one run with",
+                "nothing cached.",
                 "",
                 *commands_table(speed["commands"]),
                 "",
