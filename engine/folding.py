@@ -6,7 +6,8 @@ known fold too. Outputs above a size limit are left as nodes. Inside a
 ``spill.spilling`` context, large results become external tensors in a
 temporary file, and external weights a fold read are unmapped after it. A fold of
 uniform values (fills) is computed on one element (``folding_uniform``) and is a
-fill again.
+fill again. A rewrite's new nodes fold together (``Folder.fold_nodes``): values that
+only they read are handed on as tensors and never become initializers.
 """
 
 from __future__ import annotations
