@@ -68,7 +68,7 @@ def enabled_targets(rule, domain, targets: Sequence[str], opset: int) -> list[st
     domain's own target (if it names one) is that target, and the target runs the ops
     the rule creates."""
     from onnxfuse.errors import OnnxfuseError
-    from onnxfuse.proof.check import resolved_domain_params
+    from onnxfuse.proof.check import resolved_domain_params, unavailable_here
 
     found = []
     for name in targets:
@@ -76,11 +76,11 @@ def enabled_targets(rule, domain, targets: Sequence[str], opset: int) -> list[st
         if domain.target is not None and oracle.target(domain.target).name != target.name:
             continue
         try:
+            if unavailable_here(target, domain) is not None:
+                continue  # a parameter is off on this machine
             wanted = resolved_domain_params(target, domain) if domain.target_params else {}
         except OnnxfuseError:
             continue  # a parameter this target does not take
-        if len(wanted) < len(domain.target_params):
-            continue  # a parameter is off on this machine
         if any(target.params.get(k) != v for k, v in wanted.items()):
             continue
         if target.unsupported_ops(rule, set(), {"": opset, "com.microsoft": 1}):

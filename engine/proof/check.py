@@ -582,8 +582,7 @@ def with_domain_params(target: Target | None, domain: Domain) -> Target | None:
     """The target with the parameters the domain names (`verify: target_params`); the
     domain's own target (`verify: target`) where it names one: a rule creating ops
     that only another provider runs is proven for that provider's capabilities."""
-    if target is not None and domain.target is not None:
-        target = load_target(domain.target)
+    target = _domain_target(target, domain)
     if target is None or not domain.target_params:
         return target
     return target.with_params({**target.params, **resolved_domain_params(target, domain)})
@@ -592,8 +591,7 @@ def with_domain_params(target: Target | None, domain: Domain) -> Target | None:
 def unavailable_here(target: Target | None, domain: Domain) -> str | None:
     """Why this machine cannot run the domain's instances, or None: a target parameter
     it names is off here (`block: auto` on a CPU without NCHWc kernels)."""
-    if target is not None and domain.target is not None:
-        target = load_target(domain.target)
+    target = _domain_target(target, domain)
     if target is None or not domain.target_params:
         return None
     resolved = resolved_domain_params(target, domain)
@@ -601,6 +599,12 @@ def unavailable_here(target: Target | None, domain: Domain) -> str | None:
     if not off:
         return None
     return f"target parameter {', '.join(off)} is off on this machine"
+
+
+def _domain_target(target: Target | None, domain: Domain) -> Target | None:
+    if target is not None and domain.target is not None:
+        return load_target(domain.target)
+    return target
 
 
 def resolved_domain_params(target: Target, domain: Domain) -> dict[str, object]:
