@@ -11,6 +11,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
+from onnxfuse.input_files import model_file, refuse_overwriting
 from onnxfuse.language.heap import long_lived_objects_frozen
 from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
 from onnxfuse.language.rule import Rule
@@ -63,8 +64,8 @@ def optimize_file(
 ) -> Report:
     """Optimize a model file; write the result atomically (the input is never touched)."""
     source = Path(source)
-    if output is not None and Path(output).resolve() == source.resolve():
-        raise OnnxfuseError(f"{output}: refusing to overwrite the input model")
+    if output is not None:
+        refuse_overwriting([output], model_file(source))  # before the work; data files later
     target = options.target if options is not None else None
     with long_lived_objects_frozen() as loaded:
         model, inferred = load_model_and_types(source, target)

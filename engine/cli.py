@@ -118,6 +118,7 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
 
 def _run_optimize(args: argparse.Namespace) -> int:
     from onnxfuse import api
+    from onnxfuse.input_files import model_file, refuse_overwriting
     from onnxfuse.optimizer import DEFAULT_MAX_ITERATIONS, Options
     from onnxfuse.report import format_report
     from onnxfuse.targets import load_target
@@ -137,6 +138,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
         options.fold_limit_bytes = args.fold_limit
     if args.report_json:
         _check_writable(args.report_json)
+        refuse_overwriting([args.report_json], model_file(model_path))
     report = api.optimize_file(model_path, args.output, rules, options)
     if args.report_json:
         _write_json(args.report_json, report.to_json())

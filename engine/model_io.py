@@ -31,6 +31,7 @@ from onnxfuse.infer import (
     inferred_types,
     weights_as_placeholders,
 )
+from onnxfuse.input_files import INPUT_FILES_META, InputFiles, input_files, refuse_overwriting
 from onnxfuse.model_writer import (
     PLACEHOLDER,
     remember_source,
@@ -126,6 +127,7 @@ def _load(
     if failure is not None and not _valid_once_sorted(model, failure, target):
         raise ModelError(f"{path}: fails the ONNX checker: {failure}")
     _attach_external_data_base(model, path.parent)
+    model.meta[INPUT_FILES_META] = input_files(path, model)
     if stat is not None:
         remember_source(model, path, stat, ranges)
     return model, inferred
@@ -543,7 +545,11 @@ def _check_serialized(model: ir.Model, stripped: onnx.ModelProto, target: Target
 
 
 def save_model(
-    model: ir.Model, path: str | os.PathLike, target: Target | None = None, infer: bool = False
+    model: ir.Model,
+    path: str | os.PathLike,
+    target: Target | None = None,
+    infer: bool = False,
+    inputs: InputFiles | None = None,
 ) -> None:
     """Write ``model`` to ``path`` atomically: a temporary file, checked, then renamed.
 
@@ -553,6 +559,8 @@ def save_model(
     allowed). ``infer``: first type the model's values by onnx's shape inference
     (graph outputs keep their declared types), made on the protobuf the save
     serializes anyway; it is serialized again only if inference changed something.
+    Neither file may be one the input model reads (``inputs``; by default those of
+    the file ``model`` was loaded from).
     """
     path = Path(path)
     if path.exists() and path.is_dir():
@@ -560,36 +568,33 @@ def save_model(
     if not path.parent.exists():
         raise ModelError(f"{path.parent}: output directory does not exist")
     external = _needs_external_data(model)
-    serialized = None
-    if external and infer:
-        infer_shapes(model, outputs=False)
-    if not external:
-        load_spilled(model)
-        # One serialization, large weights as placeholders: inferred, checked, written.
-        serialized = serialize_stripped(model)
+    data = path.with_name(f"{path.name}.data")
+    if external and data.is_dir():
+        raise ModelError(f"{data}: is a directory")
+    refuse_overwriting(
+        [path, data] if external else [path],
+        model.meta.get(INPUT_FILES_META) if inputs is None else inputs,
+    )
+    if external:
         if infer:
-            found = inferred_types(serialized[0]) or {}  # {}: onnx gave up, nothing to apply
-            if infer_shapes(model, found, outputs=False):
-                serialized = serialize_stripped(model)
-        _check_serialized(model, serialized[0], target)
+            infer_shapes(model, outputs=False)
+        _save_with_external_data(model, path, target)
+        return
+    load_spilled(model)
+    # One serialization, large weights as placeholders: inferred, checked, written.
+    serialized = serialize_stripped(model)
+    if infer:
+        found = inferred_types(serialized[0]) or {}  # {}: onnx gave up, nothing to apply
+        if infer_shapes(model, found, outputs=False):
+            serialized = serialize_stripped(model)
+    _check_serialized(model, serialized[0], target)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     # Written through the descriptor made with the file, not reopened: ext4 flushes a file
     # truncated by a reopen when it is closed (auto_da_alloc; 244 MB: about 0.1 s).
     out = os.fdopen(fd, "wb")
     try:
-        if external:
-            out.close()
-            ir.save(model, tmp_name, external_data=f"{path.name}.data")
-            # By path: handles external data and models over 2 GB.
-            if holds_accepted(model, target):
-                failure = _check_file(Path(tmp_name), target)
-            else:
-                failure = _check_path(Path(tmp_name))
-            if failure is not None:
-                raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
-        else:
-            with out:
-                write_model(model, out, serialized)  # ir.save's bytes, weights in place
+        with out:
+            write_model(model, out, serialized)  # ir.save's bytes, weights in place
         # mkstemp creates the file private (0600): give it the mode a plain open() would.
         os.chmod(tmp_name, _new_file_mode())
         os.replace(tmp_name, path)
@@ -597,6 +602,35 @@ def save_model(
         out.close()
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def _save_with_external_data(model: ir.Model, path: Path, target: Target | None) -> None:
+    """The model and its ``<name>.data``, written and checked in a directory of their own
+    beside ``path``, then renamed into place: the data first, the model last. A failed
+    check, or an interruption before the renames, leaves an earlier output whole, and
+    no model file there ever names data still being written."""
+    data_name = f"{path.name}.data"
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as staging:
+        staged = Path(staging) / path.name
+        ir.save(model, staged, external_data=data_name)
+        # By path: handles external data and models over 2 GB.
+        if holds_accepted(model, target):
+            failure = _check_file(staged, target)
+        else:
+            failure = _check_path(staged)
+        if failure is not None:
+            raise InvariantError(f"optimized model fails the ONNX checker: {failure}")
+        staged_data = staged.with_name(data_name)
+        if staged_data.exists():  # none when every weight is small
+            os.chmod(staged_data, _new_file_mode())
+            earlier = path.with_name(data_name)
+            if earlier.is_file() or earlier.is_symlink():
+                # Moved aside, not renamed over: ext4 writes a file out before renaming it
+                # over another (auto_da_alloc; 600 MB: 0.3 s). Removed with the staging.
+                os.replace(earlier, Path(staging) / f"earlier-{data_name}")
+            os.replace(staged_data, earlier)
+        os.chmod(staged, _new_file_mode())
+        os.replace(staged, path)
 
 
 def _new_file_mode() -> int:

@@ -16,6 +16,7 @@ from helpers import assert_same_outputs, make_model, relu_relu_rule, tensor_inpu
 from onnx import helper, numpy_helper
 
 from onnxfuse.cli import main
+from onnxfuse.errors import InvariantError
 
 X = [2, 3, 4]
 
@@ -262,11 +263,75 @@ def test_external_data_is_preserved(tmp_path):
     result = run_cli("optimize", str(source), "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx", "model.onnx.data"]
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    for written in out.parent.iterdir():  # neither file stays private
+        assert written.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
     optimized = onnx.load(out, load_external_data=False)
     assert all(
         init.data_location == onnx.TensorProto.EXTERNAL for init in optimized.graph.initializer
     )
     assert_same_outputs(onnx.load(source), onnx.load(out))
+
+
+def _external_model(path: Path, location: str, seed: int = 1) -> Path:
+    """A MatMul whose weight is in the data file ``location`` beside ``path``."""
+    weight = numpy_helper.from_array(
+        np.random.default_rng(seed).standard_normal((64, 64)).astype(np.float32), "w"
+    )
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    model = make_model(nodes, [tensor_input("x", [2, 64])], [tensor_input("y", [2, 64])], [weight])
+    onnx.save(model, path, save_as_external_data=True, location=location, size_threshold=0)
+    return path
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_refuses_to_overwrite_the_inputs_external_data(tmp_path):
+    # A copy of out.onnx's model that still reads out.onnx.data: writing the output's
+    # data there would change the input.
+    source = _external_model(tmp_path / "copy.onnx", "out.onnx.data")
+    before = _contents(tmp_path)
+    result = run_cli("optimize", str(source), "-o", str(tmp_path / "out.onnx"))
+    assert_clean_error(result, "out.onnx.data: refusing to overwrite the input model's external")
+    assert _contents(tmp_path) == before  # nothing written, no staging left behind
+
+
+def test_report_json_never_replaces_the_input(relu_model, tmp_path):
+    before = relu_model.read_bytes()
+    result = run_cli(
+        "optimize",
+        str(relu_model),
+        "-o",
+        str(tmp_path / "o.onnx"),
+        "--report-json",
+        str(relu_model),
+    )
+    assert_clean_error(result, "refusing to overwrite the input model")
+    assert relu_model.read_bytes() == before
+
+
+def test_a_failed_check_leaves_an_earlier_external_output_whole(tmp_path, monkeypatch):
+    from onnxfuse import model_io
+
+    source = _external_model(tmp_path / "src.onnx", "src.onnx.data")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert run_cli("optimize", str(source), "-o", str(out / "m.onnx")).returncode == 0
+    earlier = _contents(out)
+    assert sorted(earlier) == ["m.onnx", "m.onnx.data"]
+    model = model_io.load_model(_external_model(tmp_path / "new.onnx", "new.onnx.data", seed=2))
+    monkeypatch.setattr(model_io, "_check_path", lambda path: "a check that fails")
+    with pytest.raises(InvariantError, match="a check that fails"):
+        model_io.save_model(model, out / "m.onnx")
+    assert _contents(out) == earlier
+    monkeypatch.undo()  # and a save that passes replaces both files, leaving nothing else
+    model_io.save_model(model, out / "m.onnx")
+    assert sorted(_contents(out)) == ["m.onnx", "m.onnx.data"]
+    assert _contents(out)["m.onnx.data"] != earlier["m.onnx.data"]
+    assert_same_outputs(onnx.load(tmp_path / "new.onnx"), onnx.load(out / "m.onnx"))
 
 
 def test_progress_and_errors_do_not_leave_temporary_files(tmp_path, relu_model):

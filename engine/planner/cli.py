@@ -58,6 +58,7 @@ def parse_dims(items: list[str]) -> dict[str, int]:
 
 def run_plan(args: argparse.Namespace) -> int:
     # Imported here: onnxruntime is slow to import and other commands do not need it.
+    from onnxfuse.input_files import INPUT_FILES_META, refuse_overwriting
     from onnxfuse.model_io import load_model, save_model
     from onnxfuse.planner.arena_executor import verify_plan
     from onnxfuse.planner.checker import check_plan
@@ -66,6 +67,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
     dims = parse_dims(args.dim)
     model = load_model(args.model)
+    inputs = model.meta.get(INPUT_FILES_META)
+    refuse_overwriting([p for p in (args.output, args.embed) if p], inputs)
     plan = plan_model(
         model,
         dims=dims,
@@ -81,7 +84,7 @@ def run_plan(args: argparse.Namespace) -> int:
         plan.write_json(args.output)
     if args.embed:
         embedded, _ = embed_plan(model, plan)
-        save_model(embedded, args.embed)
+        save_model(embedded, args.embed, inputs=inputs)
     if args.verify:
         result = verify_plan(model, plan)
         diffs = json.dumps(result.max_abs_diff)

@@ -89,3 +89,14 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
         assert main(["plan", SQUEEZENET, *args]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("onnxfuse: error: ")
+
+
+def test_outputs_never_replace_the_input(tmp_path):
+    model = _symbolic_model(tmp_path)
+    before = Path(model).read_bytes()
+    for flag in ("--embed", "-o"):
+        result = _run(model, "--dim", "batch=2", flag, model)
+        assert result.returncode == 2
+        assert result.stderr == f"onnxfuse: error: {model}: refusing to overwrite the input model\n"
+    assert Path(model).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sym.onnx"]
