@@ -9,7 +9,7 @@ written over one of them (``-o b.onnx`` when the input names ``b.onnx.data``, or
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,13 +33,45 @@ class InputFiles:
 def input_files(path: Path, model: ir.Model) -> InputFiles:
     """The files ``model``, loaded from ``path``, reads: its own and those its external
     initializers name (relative to the model's directory, as loaders resolve them)."""
-    data = set()
+    data = {os.path.realpath(path.parent / t.location) for t in _external_tensors(model)}
+    return InputFiles(os.path.realpath(path), frozenset(data))
+
+
+def external_data_problem(path: Path, model: ir.Model) -> str | None:
+    """What keeps an external initializer of ``model`` (loaded from ``path``) from being
+    read as its shape and type say: a ``length`` other than the bytes they need, or data
+    past the end of its file (a truncated copy). onnxruntime refuses both; onnx's
+    checker looks at neither."""
+    sizes: dict[str, int] = {}
+    for tensor in _external_tensors(model):
+        if tensor.dtype == ir.DataType.STRING:
+            continue  # never external: the checker refuses it
+        need = tensor.nbytes
+        if tensor.length is not None and tensor.length != need:
+            return (
+                f"external data of tensor '{tensor.name}' is {tensor.length} bytes, "
+                f"but its shape and type need {need}"
+            )
+        file = os.path.realpath(path.parent / tensor.location)
+        if file not in sizes:
+            try:
+                sizes[file] = os.stat(file).st_size
+            except OSError as exc:
+                return f"cannot read external data file {tensor.location} ({exc.strerror})"
+        end = (tensor.offset or 0) + need
+        if end > sizes[file]:
+            return (
+                f"external data of tensor '{tensor.name}' ends at byte {end}, past the end "
+                f"of {tensor.location} ({sizes[file]} bytes)"
+            )
+    return None
+
+
+def _external_tensors(model: ir.Model) -> Iterator[ir.ExternalTensor]:
     for graph in (model.graph, *subgraphs(model.graph)):
         for value in graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor):
-                data.add(os.path.realpath(path.parent / tensor.location))
-    return InputFiles(os.path.realpath(path), frozenset(data))
+            if isinstance(value.const_value, ir.ExternalTensor):
+                yield value.const_value
 
 
 def model_file(path: str | os.PathLike) -> InputFiles:

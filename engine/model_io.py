@@ -31,7 +31,13 @@ from onnxfuse.infer import (
     inferred_types,
     weights_as_placeholders,
 )
-from onnxfuse.input_files import INPUT_FILES_META, InputFiles, input_files, refuse_overwriting
+from onnxfuse.input_files import (
+    INPUT_FILES_META,
+    InputFiles,
+    external_data_problem,
+    input_files,
+    refuse_overwriting,
+)
 from onnxfuse.model_writer import (
     PLACEHOLDER,
     remember_source,
@@ -126,6 +132,9 @@ def _load(
         return _load(path, check, target, split=False, types=types)
     if failure is not None and not _valid_once_sorted(model, failure, target):
         raise ModelError(f"{path}: fails the ONNX checker: {failure}")
+    problem = external_data_problem(path, model)
+    if problem is not None:
+        raise ModelError(f"{path}: {problem}")
     _attach_external_data_base(model, path.parent)
     model.meta[INPUT_FILES_META] = input_files(path, model)
     if stat is not None:

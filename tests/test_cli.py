@@ -299,6 +299,41 @@ def test_refuses_to_overwrite_the_inputs_external_data(tmp_path):
     assert _contents(tmp_path) == before  # nothing written, no staging left behind
 
 
+@pytest.mark.parametrize(
+    ("change", "delta", "fragment"),
+    [
+        (
+            "length",
+            -4,
+            "external data of tensor 'w' is 16380 bytes, but its shape and type need 16384",
+        ),
+        (
+            "length",
+            4,
+            "external data of tensor 'w' is 16388 bytes, but its shape and type need 16384",
+        ),
+        (
+            "truncate",
+            100,
+            "external data of tensor 'w' ends at byte 16384, past the end of w.data (16284",
+        ),
+    ],
+)
+def test_external_data_that_cannot_be_read_is_one_line(tmp_path, change, delta, fragment):
+    source = _external_model(tmp_path / "m.onnx", "w.data")
+    if change == "truncate":  # a copy cut short
+        data = tmp_path / "w.data"
+        data.write_bytes(data.read_bytes()[:-delta])
+    else:
+        model = onnx.load(source, load_external_data=False)
+        (length,) = [e for e in model.graph.initializer[0].external_data if e.key == "length"]
+        length.value = str(int(length.value) + delta)
+        onnx.save(model, source)
+    result = run_cli("optimize", str(source), "-o", str(tmp_path / "out.onnx"))
+    assert_clean_error(result, fragment)
+    assert not (tmp_path / "out.onnx").exists()
+
+
 def test_report_json_never_replaces_the_input(relu_model, tmp_path):
     before = relu_model.read_bytes()
     result = run_cli(
