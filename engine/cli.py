@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from onnxfuse.deferred_imports import defer_unused_imports
-from onnxfuse.errors import InvariantError, OnnxfuseError
+from onnxfuse.errors import InvariantError, OnnxfuseError, creating
 from onnxfuse.language.heap import collector_paused
 
 
@@ -162,7 +162,12 @@ def _check_writable(path: str) -> None:
 def _write_json(path: str, data: object) -> None:
     target = Path(path)
     temporary = target.with_name(f".{target.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    with creating(path):
+        try:
+            temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            raise
     os.replace(temporary, target)
 
 
@@ -227,6 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader left (`onnxfuse rules list | head`): stop quietly, as other tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as exc:
+        # The system refused a read or a write (a full disk, a file gone): one line.
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"onnxfuse: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 def run() -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 def one_line(text: str) -> str:
     """Messages are printed as one line: fold line breaks, show control characters."""
@@ -31,3 +35,13 @@ class ModelError(OnnxfuseError):
 
 class InvariantError(OnnxfuseError):
     """The optimized model broke an invariant: a bug in a rule or in onnxfuse."""
+
+
+@contextmanager
+def creating(path: str | os.PathLike) -> Iterator[None]:
+    """The file system refusing to create an output (a read-only or foreign directory)
+    as one line naming the output, not the temporary file made first."""
+    try:
+        yield
+    except OSError as exc:
+        raise OnnxfuseError(f"{path}: cannot write it ({exc.strerror or exc})") from None

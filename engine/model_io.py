@@ -22,7 +22,7 @@ import onnx_ir.passes.common
 from google.protobuf.message import DecodeError, Message
 
 from onnxfuse.check_directory import check_by_path
-from onnxfuse.errors import InvariantError, ModelError
+from onnxfuse.errors import InvariantError, ModelError, creating
 from onnxfuse.extension_ops import checker_view, holds_accepted
 from onnxfuse.infer import (
     InferredTypes,
@@ -597,7 +597,8 @@ def save_model(
         if infer_shapes(model, found, outputs=False):
             serialized = serialize_stripped(model)
     _check_serialized(model, serialized[0], target)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with creating(path):
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     # Written through the descriptor made with the file, not reopened: ext4 flushes a file
     # truncated by a reopen when it is closed (auto_da_alloc; 244 MB: about 0.1 s).
     out = os.fdopen(fd, "wb")
@@ -619,7 +620,9 @@ def _save_with_external_data(model: ir.Model, path: Path, target: Target | None)
     check, or an interruption before the renames, leaves an earlier output whole, and
     no model file there ever names data still being written."""
     data_name = f"{path.name}.data"
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as staging:
+    with creating(path):
+        staging_directory = tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent)
+    with staging_directory as staging:
         staged = Path(staging) / path.name
         ir.save(model, staged, external_data=data_name)
         # By path: handles external data and models over 2 GB.

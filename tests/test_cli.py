@@ -334,6 +334,18 @@ def test_external_data_that_cannot_be_read_is_one_line(tmp_path, change, delta, 
     assert not (tmp_path / "out.onnx").exists()
 
 
+@pytest.mark.parametrize("external", [False, True])
+def test_an_output_the_system_refuses_is_one_line(tmp_path, relu_model, external):
+    # A directory that is a file: refused whoever runs the test (root writes anywhere).
+    source = _external_model(tmp_path / "m.onnx", "m.data") if external else relu_model
+    blocked = tmp_path / "a-file"
+    blocked.write_bytes(b"")
+    result = run_cli("optimize", str(source), "-o", str(blocked / "o.onnx"), "-q")
+    assert_clean_error(result, f"{blocked}/o.onnx: cannot write it (Not a directory)")
+    result = run_cli("optimize", str(source), "--report-json", str(blocked / "r.json"), "-q")
+    assert_clean_error(result, f"{blocked}/r.json: ")
+
+
 def test_report_json_never_replaces_the_input(relu_model, tmp_path):
     before = relu_model.read_bytes()
     result = run_cli(

@@ -12,7 +12,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from onnxfuse.errors import OnnxfuseError
+from onnxfuse.errors import OnnxfuseError, creating
 from onnxfuse.planner.baselines import naive_bytes, ort_policy_bytes
 from onnxfuse.planner.inplace import find_inplace, make_blocks
 from onnxfuse.planner.lifetimes import Lifetimes, Listed, compute_lifetimes
@@ -106,7 +106,8 @@ class Plan:
         path = Path(path)
         if not path.parent.exists():
             raise OnnxfuseError(f"{path.parent}: output directory does not exist")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with creating(path):
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(self.to_json())

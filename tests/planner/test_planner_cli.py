@@ -100,3 +100,15 @@ def test_outputs_never_replace_the_input(tmp_path):
         assert result.stderr == f"onnxfuse: error: {model}: refusing to overwrite the input model\n"
     assert Path(model).read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sym.onnx"]
+
+
+def test_an_output_the_system_refuses_is_one_line(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_bytes(b"")
+    for flag, name in (("-o", "p.json"), ("--embed", "p.onnx")):
+        result = _run(SQUEEZENET, flag, str(blocked / name))
+        assert result.returncode == 2
+        assert (
+            result.stderr
+            == f"onnxfuse: error: {blocked / name}: cannot write it (Not a directory)\n"
+        )
