@@ -1,4 +1,5 @@
-"""The files an input model is read from, which no output may replace.
+"""The files an input model is read from: whether its data files hold what its shapes
+say, and which files no output may replace.
 
 A model with external data is more than its ``.onnx`` file: its initializers name data
 files beside it (``location``), read lazily while the model is optimized. An output
@@ -9,7 +10,7 @@ written over one of them (``-o b.onnx`` when the input names ``b.onnx.data``, or
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,20 +31,30 @@ class InputFiles:
     data: frozenset[str]
 
 
-def input_files(path: Path, model: ir.Model) -> InputFiles:
-    """The files ``model``, loaded from ``path``, reads: its own and those its external
-    initializers name (relative to the model's directory, as loaders resolve them)."""
-    data = {os.path.realpath(path.parent / t.location) for t in _external_tensors(model)}
+def external_tensors(model: ir.Model) -> list[ir.ExternalTensor]:
+    """The initializers of ``model`` (main graph and its subgraphs) held in data files."""
+    return [
+        value.const_value
+        for graph in (model.graph, *subgraphs(model.graph))
+        for value in graph.initializers.values()
+        if isinstance(value.const_value, ir.ExternalTensor)
+    ]
+
+
+def input_files(path: Path, external: list[ir.ExternalTensor]) -> InputFiles:
+    """The files a model loaded from ``path`` reads: its own and those its ``external``
+    tensors name (relative to the model's directory, as loaders resolve them)."""
+    data = {os.path.realpath(path.parent / tensor.location) for tensor in external}
     return InputFiles(os.path.realpath(path), frozenset(data))
 
 
-def external_data_problem(path: Path, model: ir.Model) -> str | None:
-    """What keeps an external initializer of ``model`` (loaded from ``path``) from being
-    read as its shape and type say: a ``length`` other than the bytes they need, or data
-    past the end of its file (a truncated copy). onnxruntime refuses both; onnx's
-    checker looks at neither."""
+def external_data_problem(path: Path, external: list[ir.ExternalTensor]) -> str | None:
+    """What keeps one of the ``external`` tensors of a model loaded from ``path`` from
+    being read as its shape and type say: a ``length`` other than the bytes they need,
+    or data past the end of its file (a truncated copy). onnxruntime refuses both;
+    onnx's checker looks at neither."""
     sizes: dict[str, int] = {}
-    for tensor in _external_tensors(model):
+    for tensor in external:
         if tensor.dtype == ir.DataType.STRING:
             continue  # never external: the checker refuses it
         need = tensor.nbytes
@@ -65,13 +76,6 @@ def external_data_problem(path: Path, model: ir.Model) -> str | None:
                 f"of {tensor.location} ({sizes[file]} bytes)"
             )
     return None
-
-
-def _external_tensors(model: ir.Model) -> Iterator[ir.ExternalTensor]:
-    for graph in (model.graph, *subgraphs(model.graph)):
-        for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
-                yield value.const_value
 
 
 def model_file(path: str | os.PathLike) -> InputFiles:

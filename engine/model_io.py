@@ -35,6 +35,7 @@ from onnxfuse.input_files import (
     INPUT_FILES_META,
     InputFiles,
     external_data_problem,
+    external_tensors,
     input_files,
     refuse_overwriting,
 )
@@ -132,11 +133,13 @@ def _load(
         return _load(path, check, target, split=False, types=types)
     if failure is not None and not _valid_once_sorted(model, failure, target):
         raise ModelError(f"{path}: fails the ONNX checker: {failure}")
-    problem = external_data_problem(path, model)
+    external = external_tensors(model)
+    problem = external_data_problem(path, external)
     if problem is not None:
         raise ModelError(f"{path}: {problem}")
-    _attach_external_data_base(model, path.parent)
-    model.meta[INPUT_FILES_META] = input_files(path, model)
+    for tensor in external:  # read lazily: from files beside the model
+        tensor.base_dir = str(path.parent)
+    model.meta[INPUT_FILES_META] = input_files(path, external)
     if stat is not None:
         remember_source(model, path, stat, ranges)
     return model, inferred
@@ -501,15 +504,6 @@ def _valid_once_sorted(model: ir.Model, failure: str, target: Target | None) -> 
     ir.passes.common.TopologicalSortPass()(model)
     proto = ir.serde.serialize_model(model)
     return _check_proto(_view(proto, target) or proto) is None
-
-
-def _attach_external_data_base(model: ir.Model, base_dir: Path) -> None:
-    """Let lazily loaded external tensors find their files next to the model."""
-    for graph in (model.graph, *subgraphs(model.graph)):
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor):
-                tensor.base_dir = str(base_dir)
 
 
 def check_model(model: ir.Model, target: Target | None = None) -> None:
