@@ -11,7 +11,6 @@ from pathlib import Path
 import onnx_ir as ir
 
 from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
-from onnxfuse.input_files import model_file, refuse_overwriting
 from onnxfuse.language.heap import long_lived_objects_frozen
 from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
 from onnxfuse.language.rule import Rule
@@ -19,6 +18,7 @@ from onnxfuse.matcher import Matcher, ModelContext
 from onnxfuse.model_io import check_model, load_model_and_types, save_model
 from onnxfuse.naming import all_graphs
 from onnxfuse.optimizer import Options, Report, normalize, optimize
+from onnxfuse.output_paths import check_output, model_file, refuse_overwriting
 from onnxfuse.spill import spilling
 from onnxfuse.target_params import BLOCK_SIZE_METADATA, NCHWC_DOMAIN
 from onnxfuse.targets import Target, resolve_target
@@ -64,8 +64,9 @@ def optimize_file(
 ) -> Report:
     """Optimize a model file; write the result atomically (the input is never touched)."""
     source = Path(source)
-    if output is not None:
-        refuse_overwriting([output], model_file(source))  # before the work; data files later
+    if output is not None:  # before the work; data files when saving
+        check_output(output)
+        refuse_overwriting([output], model_file(source))
     target = options.target if options is not None else None
     with long_lived_objects_frozen() as loaded:
         model, inferred = load_model_and_types(source, target)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from onnxfuse.deferred_imports import defer_unused_imports
-from onnxfuse.errors import InvariantError, OnnxfuseError, creating
+from onnxfuse.errors import InvariantError, OnnxfuseError, creating, one_line
 from onnxfuse.language.heap import collector_paused
 
 
@@ -118,8 +118,8 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
 
 def _run_optimize(args: argparse.Namespace) -> int:
     from onnxfuse import api
-    from onnxfuse.input_files import model_file, refuse_overwriting
     from onnxfuse.optimizer import DEFAULT_MAX_ITERATIONS, Options
+    from onnxfuse.output_paths import check_distinct, check_output, model_file, refuse_overwriting
     from onnxfuse.report import format_report
     from onnxfuse.targets import load_target
 
@@ -136,8 +136,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
     )
     if args.fold_limit:
         options.fold_limit_bytes = args.fold_limit
-    if args.report_json:
-        _check_writable(args.report_json)
+    check_distinct({"-o": args.output, "--report-json": args.report_json})
+    if args.report_json is not None:
+        check_output(args.report_json)
         refuse_overwriting([args.report_json], model_file(model_path))
     report = api.optimize_file(model_path, args.output, rules, options)
     if args.report_json:
@@ -151,12 +152,6 @@ def _run_optimize(args: argparse.Namespace) -> int:
 
 def _progress(message: str) -> None:
     print(f"onnxfuse: {message}", file=sys.stderr, flush=True)
-
-
-def _check_writable(path: str) -> None:
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise OnnxfuseError(f"{path}: directory {parent} does not exist")
 
 
 def _write_json(path: str, data: object) -> None:
@@ -220,10 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except InvariantError as exc:
         # Not the user's input: a rule or onnxfuse itself produced an invalid model.
-        print(f"onnxfuse: internal error (please report): {exc}", file=sys.stderr)
+        print(f"onnxfuse: internal error (please report): {one_line(str(exc))}", file=sys.stderr)
         return 1
     except OnnxfuseError as exc:
-        print(f"onnxfuse: error: {exc}", file=sys.stderr)
+        print(f"onnxfuse: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("onnxfuse: interrupted", file=sys.stderr)
@@ -235,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         # The system refused a read or a write (a full disk, a file gone): one line.
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"onnxfuse: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"onnxfuse: error: {one_line(where + str(exc.strerror or exc))}", file=sys.stderr)
         return 2
 
 

@@ -1,22 +1,20 @@
-"""The files an input model is read from: whether its data files hold what its shapes
-say, and which files no output may replace.
+"""The files an input model is read from, and whether its data files hold what its
+shapes say.
 
 A model with external data is more than its ``.onnx`` file: its initializers name data
 files beside it (``location``), read lazily while the model is optimized. An output
 written over one of them (``-o b.onnx`` when the input names ``b.onnx.data``, or
-``plan a.onnx --embed a.onnx``) would change the input model, so writers refuse it.
+``plan a.onnx --embed a.onnx``) would change the input model: ``output_paths`` refuses it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx_ir as ir
 
-from onnxfuse.errors import OnnxfuseError
 from onnxfuse.naming import subgraphs
 
 # Where a loaded model's InputFiles are kept, in its meta.
@@ -76,25 +74,3 @@ def external_data_problem(path: Path, external: list[ir.ExternalTensor]) -> str 
                 f"of {tensor.location} ({sizes[file]} bytes)"
             )
     return None
-
-
-def model_file(path: str | os.PathLike) -> InputFiles:
-    """The model file alone: what is known of an input before it is loaded."""
-    return InputFiles(os.path.realpath(path), frozenset())
-
-
-def refuse_overwriting(destinations: Iterable[str | os.PathLike], files: InputFiles | None) -> None:
-    """Raise if writing any of ``destinations`` would replace a file of the input.
-    A destination is compared by the name it is written at: writers rename a new file
-    onto it, which replaces a symlink there, not the file it points to."""
-    if files is None:
-        return
-    for destination in destinations:
-        path = Path(destination)
-        written = os.path.join(os.path.realpath(path.parent), path.name)
-        if written == files.model:
-            raise OnnxfuseError(f"{destination}: refusing to overwrite the input model")
-        if written in files.data:
-            raise OnnxfuseError(
-                f"{destination}: refusing to overwrite the input model's external data"
-            )

@@ -37,7 +37,6 @@ from onnxfuse.input_files import (
     external_data_problem,
     external_tensors,
     input_files,
-    refuse_overwriting,
 )
 from onnxfuse.model_writer import (
     PLACEHOLDER,
@@ -46,6 +45,7 @@ from onnxfuse.model_writer import (
     write_model,
 )
 from onnxfuse.naming import subgraphs
+from onnxfuse.output_paths import check_output, refuse_overwriting
 from onnxfuse.protobuf_wire import ITEMSIZE, GraphScan, initializer_ranges, scan_graph
 from onnxfuse.source_weights import LazyEntry, SourceFile, SourceTensor, split_weights
 from onnxfuse.spill import is_spilled, load_spilled
@@ -566,14 +566,10 @@ def save_model(
     the file ``model`` was loaded from).
     """
     path = Path(path)
-    if path.exists() and path.is_dir():
-        raise ModelError(f"{path}: is a directory")
-    if not path.parent.exists():
-        raise ModelError(f"{path.parent}: output directory does not exist")
     external = _needs_external_data(model)
     data = path.with_name(f"{path.name}.data")
-    if external and data.is_dir():
-        raise ModelError(f"{data}: is a directory")
+    for output in [path, data] if external else [path]:
+        check_output(output)
     refuse_overwriting(
         [path, data] if external else [path],
         model.meta.get(INPUT_FILES_META) if inputs is None else inputs,

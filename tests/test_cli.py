@@ -340,10 +340,27 @@ def test_an_output_the_system_refuses_is_one_line(tmp_path, relu_model, external
     source = _external_model(tmp_path / "m.onnx", "m.data") if external else relu_model
     blocked = tmp_path / "a-file"
     blocked.write_bytes(b"")
-    result = run_cli("optimize", str(source), "-o", str(blocked / "o.onnx"), "-q")
-    assert_clean_error(result, f"{blocked}/o.onnx: cannot write it (Not a directory)")
-    result = run_cli("optimize", str(source), "--report-json", str(blocked / "r.json"), "-q")
-    assert_clean_error(result, f"{blocked}/r.json: ")
+    for option, name in (("-o", "o.onnx"), ("--report-json", "r.json")):
+        result = run_cli("optimize", str(source), option, str(blocked / name), "-q")
+        assert_clean_error(result, f"{blocked}: not a directory")
+    # A directory the kernel refuses files in, whoever asks.
+    result = run_cli("optimize", str(source), "-o", "/proc/onnxfuse-test.onnx", "-q")
+    assert_clean_error(result, "/proc/onnxfuse-test.onnx: cannot write it (")
+
+
+def test_outputs_that_are_not_files_or_name_one_file_twice_are_refused(tmp_path, relu_model):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    same = str(tmp_path / "same")
+    for args, message in (
+        (["-o", str(fifo)], f"{fifo}: not a regular file (an output replaces a file whole)"),
+        (["--report-json", str(fifo)], f"{fifo}: not a regular file"),
+        (["-o", same, "--report-json", same], f"{same}: named by both -o and --report-json"),
+        (["--report-json", ""], "an output needs a file name, not an empty one"),
+        (["-o", str(tmp_path)], f"{tmp_path}: is a directory"),
+    ):
+        assert_clean_error(run_cli("optimize", str(relu_model), *args, "-q"), message)
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "relu.onnx"]
 
 
 def test_report_json_never_replaces_the_input(relu_model, tmp_path):

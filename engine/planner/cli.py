@@ -58,17 +58,22 @@ def parse_dims(items: list[str]) -> dict[str, int]:
 
 def run_plan(args: argparse.Namespace) -> int:
     # Imported here: onnxruntime is slow to import and other commands do not need it.
-    from onnxfuse.input_files import INPUT_FILES_META, refuse_overwriting
+    from onnxfuse.input_files import INPUT_FILES_META
     from onnxfuse.model_io import load_model, save_model
+    from onnxfuse.output_paths import check_distinct, check_output, refuse_overwriting
     from onnxfuse.planner.arena_executor import verify_plan
     from onnxfuse.planner.checker import check_plan
     from onnxfuse.planner.embed import embed_plan
     from onnxfuse.planner.plan import plan_model
 
     dims = parse_dims(args.dim)
+    check_distinct({"-o": args.output, "--embed": args.embed})
+    outputs = [p for p in (args.output, args.embed) if p is not None]
+    for output in outputs:
+        check_output(output)
     model = load_model(args.model)
     inputs = model.meta.get(INPUT_FILES_META)
-    refuse_overwriting([p for p in (args.output, args.embed) if p], inputs)
+    refuse_overwriting(outputs, inputs)
     plan = plan_model(
         model,
         dims=dims,

@@ -13,6 +13,7 @@ from typing import Any
 import onnx_ir as ir
 
 from onnxfuse.errors import OnnxfuseError, creating
+from onnxfuse.output_paths import check_output
 from onnxfuse.planner.baselines import naive_bytes, ort_policy_bytes
 from onnxfuse.planner.inplace import find_inplace, make_blocks
 from onnxfuse.planner.lifetimes import Lifetimes, Listed, compute_lifetimes
@@ -104,8 +105,7 @@ class Plan:
     def write_json(self, path: str | os.PathLike) -> None:
         """Write atomically: a temporary file beside ``path``, then a rename."""
         path = Path(path)
-        if not path.parent.exists():
-            raise OnnxfuseError(f"{path.parent}: output directory does not exist")
+        check_output(path)
         with creating(path):
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,7 +109,27 @@ def test_an_output_the_system_refuses_is_one_line(tmp_path):
     for flag, name in (("-o", "p.json"), ("--embed", "p.onnx")):
         result = _run(SQUEEZENET, flag, str(blocked / name))
         assert result.returncode == 2
-        assert (
-            result.stderr
-            == f"onnxfuse: error: {blocked / name}: cannot write it (Not a directory)\n"
+        assert result.stderr == f"onnxfuse: error: {blocked}: not a directory\n"
+        # A directory the kernel refuses files in, whoever asks.
+        result = _run(SQUEEZENET, flag, f"/proc/onnxfuse-test-{name}")
+        assert result.returncode == 2
+        assert result.stderr.startswith(
+            f"onnxfuse: error: /proc/onnxfuse-test-{name}: cannot write it ("
         )
+
+
+def test_outputs_that_are_not_files_or_name_one_file_twice_are_refused(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for args, message in (
+        (["--embed", str(fifo)], f"{fifo}: not a regular file (an output replaces a file whole)"),
+        (
+            ["-o", str(tmp_path / "x"), "--embed", str(tmp_path / "x")],
+            f"{tmp_path / 'x'}: named by both -o and --embed",
+        ),
+        (["-o", ""], "an output needs a file name, not an empty one"),
+    ):
+        result = _run(SQUEEZENET, *args)
+        assert result.returncode == 2
+        assert result.stderr == f"onnxfuse: error: {message}\n"
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
