@@ -350,6 +350,9 @@ class Folder:
 
 
 def _tensor(array: np.ndarray, name: str) -> ir.TensorProtocol:
+    if array.dtype.kind in "OSU":  # strings: onnx_ir's passes read them as bytes
+        data = [v.encode() if isinstance(v, str) else bytes(v) for v in array.reshape(-1)]
+        return ir.StringTensor(data, shape=ir.Shape(array.shape), name=name)
     return spill.fill_tensor(array, name) or ir.Tensor(array, name=name)
 
 

@@ -12,13 +12,16 @@ import math
 import mmap
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnx
+import onnx.parser
 import onnx_ir as ir
 import onnx_ir.passes.common
+from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError, Message
 
 from onnxfuse.check_directory import check_by_path
@@ -54,6 +57,16 @@ if TYPE_CHECKING:
     from onnxfuse.targets import Target
 
 _CHECK_ERRORS = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
+# What reading a model file raises: binary protobuf, then onnx's text formats.
+_READ_ERRORS = (
+    DecodeError,
+    RuntimeError,
+    ValueError,
+    OSError,
+    json_format.ParseError,
+    text_format.ParseError,
+    onnx.parser.ParseError,
+)
 
 # Above this many bytes of initializers a model cannot be one protobuf file.
 _EXTERNAL_DATA_THRESHOLD = 1_800_000_000
@@ -108,10 +121,15 @@ def _load(
 ) -> tuple[ir.Model, InferredTypes | None]:
     try:
         proto, ranges, stat, lazy = _read_proto(path, split)
-    except (DecodeError, RuntimeError, ValueError, OSError) as exc:
+    except _READ_ERRORS as exc:
         raise ModelError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
     if not proto.graph.node and not proto.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph)")
+    for opset in (*proto.opset_import, *(i for f in proto.functions for i in f.opset_import)):
+        if not 0 < opset.version < 2**31:  # onnx's schemas are looked up by a C int
+            raise ModelError(
+                f"{path}: opset version {opset.version} of '{opset.domain}' is out of range"
+            )
     wrong_size = _raw_size_problem(proto, ranges, lazy)
     if wrong_size is not None:
         raise ModelError(f"{path}: {wrong_size}")
@@ -131,7 +149,9 @@ def _load(
     if lazy and not _attach_source_tensors(model, path, stat, lazy):
         # the graph did not take them all
         return _load(path, check, target, split=False, types=types)
-    if failure is not None and not _valid_once_sorted(model, failure, target):
+    if failure is not None:
+        failure = _failure_once_sorted(model, failure, target)
+    if failure is not None:
         raise ModelError(f"{path}: fails the ONNX checker: {failure}")
     external = external_tensors(model)
     problem = external_data_problem(path, external)
@@ -198,9 +218,10 @@ def _read_proto(
     TensorProtos hold no data, and the entries returned say where it is (BERT-base:
     protobuf parses 1 MB instead of 440). Text formats, named by their extensions, go
     through onnx. ``split``: False parses the whole file."""
-    fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix)
-    if fmt not in (None, "protobuf"):
-        return onnx.load_model(str(path), load_external_data=False), {}, None, {}
+    if _format(path) != "protobuf":
+        with warnings.catch_warnings():  # onnx calls its text format experimental
+            warnings.simplefilter("ignore")
+            return onnx.load_model(str(path), load_external_data=False), {}, None, {}
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
         stat = os.fstat(file.fileno())
         view = memoryview(data)
@@ -292,10 +313,12 @@ def _check_loaded(
     if lazy or not _has_external_data(proto):
         stripped = _stripped(proto, ranges or {}, lazy or {})
         if stripped is not None:
-            return _check_stripped(_view(stripped, target) or stripped, lambda: _check_path(path))
+            return _check_stripped(
+                _view(stripped, target) or stripped, lambda: _check_as_read(path, proto)
+            )
     view = _view(proto, target)
     if view is None:
-        return _check_path(path)  # by path: handles models over 2 GB with external data
+        return _check_as_read(path, proto)
     if not _has_external_data(view):
         return _check_proto(view)
     # External data is found next to the model file: check the view from there.
@@ -309,6 +332,20 @@ def _view(proto: onnx.ModelProto, target: Target | None) -> onnx.ModelProto | No
     if view is not None:
         view.graph.value_info.extend(extension_output_types(proto))
     return view
+
+
+def _check_as_read(path: Path, proto: onnx.ModelProto) -> str | None:
+    """Check the model read from ``path`` as ``proto``: by path (handles models over
+    2 GB with external data), but from memory for a text format, which the checker
+    would read as binary protobuf."""
+    if _format(path) == "protobuf":
+        return _check_path(path)
+    return _check_beside(path, proto) if _has_external_data(proto) else _check_proto(proto)
+
+
+def _format(path: Path) -> str:
+    """The serialization ``path``'s extension names (onnx's registry); protobuf else."""
+    return onnx.serialization.registry.get_format_from_file_extension(path.suffix) or "protobuf"
 
 
 def _check_path(path: Path) -> str | None:
@@ -496,14 +533,17 @@ def _has_external_data(proto: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors)
 
 
-def _valid_once_sorted(model: ir.Model, failure: str, target: Target | None) -> bool:
-    """Nodes out of order are a writer's slip, not a different model: sort them
-    (in place) and accept the model if that was the only problem."""
+def _failure_once_sorted(model: ir.Model, failure: str, target: Target | None) -> str | None:
+    """The checker's ``failure`` once the nodes are sorted (in place), None if sorting
+    fixed it: nodes out of order are a writer's slip, not a different model."""
     if "topologically sorted" not in failure or _needs_external_data(model):
-        return False
-    ir.passes.common.TopologicalSortPass()(model)
+        return failure
+    try:
+        ir.passes.common.TopologicalSortPass()(model)
+    except ValueError:
+        return "its nodes form a cycle"
     proto = ir.serde.serialize_model(model)
-    return _check_proto(_view(proto, target) or proto) is None
+    return None if _check_proto(_view(proto, target) or proto) is None else failure
 
 
 def check_model(model: ir.Model, target: Target | None = None) -> None:
@@ -656,5 +696,7 @@ def _needs_external_data(model: ir.Model) -> bool:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    message = exc.args[0] if len(exc.args) == 1 else None
+    text = message.decode(errors="replace") if isinstance(message, bytes) else str(exc)
+    text = text.strip() or type(exc).__name__
     return text.splitlines()[0][:300]

@@ -59,8 +59,8 @@ class SpillArea:
         """``tensor`` written to its own file, as an external tensor; None when it
         is too small or cannot be stored as raw bytes (strings)."""
         if (
-            tensor.nbytes < self.min_bytes
-            or tensor.dtype == ir.DataType.STRING
+            tensor.dtype == ir.DataType.STRING  # first: a string tensor has no nbytes
+            or tensor.nbytes < self.min_bytes
             or isinstance(tensor, FillTensor)  # it holds no memory
         ):
             return None

@@ -187,6 +187,76 @@ def test_bad_model_files(tmp_path, content, fragment):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("bad.json", b"{garbage", "not a readable ONNX model (Failed to load JSON"),
+        ("bad.onnxtxt", b"this is not onnx text {{{", "not a readable ONNX model ([ParseError"),
+        ("bad.textproto", b"garbage: 1", 'no field named "garbage"'),
+    ],
+)
+def test_bad_text_format_models(tmp_path, name, content, fragment):
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert_clean_error(run_cli("optimize", str(path)), f"{name}: ", fragment)
+
+
+def test_a_text_format_model_is_checked_as_read(tmp_path):
+    # The checker reads a file by path as binary protobuf: a text model is checked
+    # from memory, and its warning that the format is experimental is not printed.
+    path = tmp_path / "ok.onnxtxt"
+    path.write_text(
+        '<ir_version: 8, opset_import: ["" : 17]>\n'
+        "g (float[1,4] x) => (float[1,4] y) {\n r = Relu (x)\n y = Relu (r)\n}\n"
+    )
+    result = run_cli("optimize", str(path), "-o", str(tmp_path / "out.onnx"), "-q")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert [n.op_type for n in onnx.load(tmp_path / "out.onnx").graph.node] == ["Relu"]
+
+
+def test_a_cycle_and_an_impossible_opset_are_one_line(tmp_path):
+    cycle = [
+        helper.make_node("Add", ["x", "b"], ["a"], name="p"),
+        helper.make_node("Relu", ["a"], ["b"], name="q"),
+        helper.make_node("Relu", ["b"], ["y"], name="r"),
+    ]
+    graph = helper.make_graph(cycle, "g", [tensor_input("x", X)], [tensor_input("y", X)])
+    path = tmp_path / "cycle.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert_clean_error(
+        run_cli("optimize", str(path)), "cycle.onnx: fails the ONNX checker: its nodes form a cycle"
+    )
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["y"])], [tensor_input("x", X)], [tensor_input("y", X)]
+    )
+    model.opset_import[0].version = 2**62
+    onnx.save(model, tmp_path / "opset.onnx")
+    assert_clean_error(
+        run_cli("optimize", str(tmp_path / "opset.onnx")),
+        f"opset version {2**62} of '' is out of range",
+    )
+
+
+def test_folding_into_strings_and_back(tmp_path):
+    """A constant cast to strings folds to a string tensor that later passes read."""
+    nodes = [
+        helper.make_node("Cast", ["c"], ["s"], to=onnx.TensorProto.STRING),
+        helper.make_node("Cast", ["s"], ["f"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "f"], ["y"]),
+    ]
+    constant = numpy_helper.from_array(np.array([1.5, 2.0], np.float32), "c")
+    model = make_model(nodes, [tensor_input("x", [2])], [tensor_input("y", [2])], [constant])
+    source, out = tmp_path / "strings.onnx", tmp_path / "out.onnx"
+    onnx.save(model, source)
+    result = run_cli("optimize", str(source), "-o", str(out), "-q")
+    assert result.returncode == 0, result.stderr
+    assert [n.op_type for n in onnx.load(out).graph.node] == ["Add"]
+    assert_same_outputs(model, onnx.load(out))
+    result = run_cli("plan", str(source))
+    assert result.returncode == 2
+    assert result.stderr.startswith("onnxfuse: error: constant 's' is a string tensor: its size")
+
+
 def test_truncated_model(tmp_path, relu_model):
     path = tmp_path / "truncated.onnx"
     path.write_bytes(relu_model.read_bytes()[:40])

@@ -15,10 +15,10 @@ import pytest
 from helpers import assert_same_outputs, make_model, tensor_input
 from onnx import helper, numpy_helper
 
-from onnxfuse import api, spill
+from onnxfuse import api, check_directory, model_io, spill
 from onnxfuse.api import optimize_file, select_rules
 from onnxfuse.errors import ModelError
-from onnxfuse.model_io import load_model
+from onnxfuse.model_io import CHECK_PLACEHOLDER, load_model
 from onnxfuse.optimizer import normalize
 
 HIDDEN = 512  # one weight is 1 MiB: the packed Q/K/V (3 MiB) and W_o^T (1 MiB) spill
@@ -74,7 +74,9 @@ def source(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Where the spill directories go: watched for leftovers."""
+    """Where the spill directories go: watched for leftovers. The checker's directory,
+    one per process until it exits, is made before, elsewhere."""
+    check_directory._directory(CHECK_PLACEHOLDER)
     root = tmp_path / "tmp"
     root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(root))
@@ -136,9 +138,15 @@ def test_spilled_output_equals_the_in_memory_one(
     assert _digest(out.parent) == _digest(reference.parent)
 
 
-def test_spill_directory_is_removed_when_the_save_fails(source, tmp_path, temp_root, spilled):
-    with pytest.raises(ModelError, match="does not exist"):
-        optimize_file(source, tmp_path / "missing" / "model.onnx", select_rules())
+def test_spill_directory_is_removed_when_the_save_fails(
+    source, tmp_path, temp_root, spilled, monkeypatch
+):
+    def full_disk(*args: object) -> None:
+        raise ModelError("no space left on the device")
+
+    monkeypatch.setattr(model_io, "_save_with_external_data", full_disk)
+    with pytest.raises(ModelError, match="no space left"):
+        optimize_file(source, tmp_path / "model.onnx", select_rules())
     assert spilled  # the failure came after folding had spilled
     assert list(temp_root.iterdir()) == []
     assert all(not t._valid for t in spilled)  # unusable rather than dangling

@@ -65,7 +65,10 @@ def infer_tensor_infos(model: ir.Model, dims: Mapping[str, int]) -> dict[str, Te
     for vi in (*graph.input, *graph.value_info, *graph.output):
         infos[vi.name] = _info_from_type(vi.type)
     for init in graph.initializer:
-        infos[init.name] = TensorInfo(ir.DataType(init.data_type), tuple(init.dims))
+        if init.data_type == onnx.TensorProto.STRING:
+            infos[init.name] = "is a string tensor: its size is not known before it is computed"
+        else:
+            infos[init.name] = TensorInfo(ir.DataType(init.data_type), tuple(init.dims))
     _add_loop_carried(clone.graph, infos)
     return infos
 
@@ -122,6 +125,8 @@ def _info_from_type(type_proto: onnx.TypeProto) -> TensorInfo | str:
     tensor_type = type_proto.tensor_type
     if not tensor_type.elem_type:
         return "has an unknown element type"
+    if tensor_type.elem_type == onnx.TensorProto.STRING:
+        return "is a string tensor: its size is not known before it is computed"
     if not tensor_type.HasField("shape"):
         return "has an unknown rank"
     shape = []
