@@ -76,7 +76,11 @@ def optimize_file(
             # With an output, the last shape inference runs on the protobuf the save writes.
             report = optimize(model, rules, options, inferred, final_inference=output is None)
             record_layout_assumptions(model, target)
-            _write_or_check(model, source, output, target)
+            try:
+                _write_or_check(model, source, output, target)
+            except InvariantError as exc:  # a rule's target, or onnxfuse: say which rules ran
+                fired = ", ".join(sorted(n for n, s in report.rules.items() if s.applied))
+                raise InvariantError(f"{exc} (rules that fired: {fired or 'none'})") from None
     return report
 
 

@@ -193,18 +193,25 @@ def _convert(name: str, value: Any, attr_type: int) -> ir.Attr:
     if attr_type == kind.FLOAT:
         return ir.AttrFloat32(name, float(value))
     if attr_type == kind.INT:
-        return ir.AttrInt64(name, int(value))
+        return ir.AttrInt64(name, _int64(value))
     if attr_type == kind.STRING:
         return ir.AttrString(name, str(value))
     if attr_type == kind.FLOATS:
         return ir.AttrFloat32s(name, [float(v) for v in _as_list(value)])
     if attr_type == kind.INTS:
-        return ir.AttrInt64s(name, [int(v) for v in _as_list(value)])
+        return ir.AttrInt64s(name, [_int64(v) for v in _as_list(value)])
     if attr_type == kind.STRINGS:
         return ir.AttrStrings(name, [str(v) for v in _as_list(value)])
     if attr_type == kind.TENSOR or isinstance(value, np.ndarray):
         return ir.AttrTensor(name, ir.Tensor(np.asarray(value)))
     return ir.convenience.convert_attribute(name, value)
+
+
+def _int64(value: Any) -> int:
+    number = int(value)
+    if not -(2**63) <= number < 2**63:
+        raise OverflowError(f"{number} is not a 64-bit integer")
+    return number
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -13,6 +13,7 @@ never held against a rule.
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,8 +235,9 @@ def _output_dtypes(
     count = len(pnode.outputs)
     if pnode.domain == "" and pnode.op_type == "Constant":
         return [_constant_dtype(node.attributes)] * count
-    if pnode.domain == "" and pnode.op_type == "Cast" and "to" in node.attributes:
-        return [dtype_name(int(node.attributes["to"]))] * count
+    to = node.attributes.get("to")
+    if pnode.domain == "" and pnode.op_type == "Cast" and isinstance(to, numbers.Integral):
+        return [dtype_name(int(to))] * count
     if schema is None:
         return [None] * count
     formals = tuple(f.type_str for f in schema.inputs), tuple(f.type_str for f in schema.outputs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -1343,3 +1345,65 @@ def test_guard_reading_only_target_params_decides_the_rule_per_target():
         frozenset({"target_params"}),
         frozenset({"X", "target_params"}),
     ]
+
+
+def _relu_pair_rule(target: str, extra: str = "") -> str:
+    return f"""
+rules:
+  - name: my-rule
+    source: |
+      f (X) => (Y) {{
+        T = Relu(X)
+        Y = Relu(T)
+      }}
+    target: "{target}"
+{extra}"""
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "message"),
+    [
+        ("f (X) => (Y) { Y = Relu(X, X, X) }", "", "Relu takes no 3 inputs and 1 outputs"),
+        ("f (X) => (Y) { Y = Add() }", "", "Add takes no 0 inputs and 1 outputs"),
+        ("f (X) => (Y) { Y = Cast(X) }", "", "Cast must name its required attribute 'to'"),
+        ("f (X) => (Y) { Y = Cast<to = 999>(X) }", "", "Cast to: 999 is not an ONNX data type"),
+        (
+            'f (X) => (Y) { Y = LeakyRelu<alpha = \\"abc\\">(X) }',
+            "",
+            "LeakyRelu alpha: takes FLOAT, not STRING ('abc')",
+        ),
+        (
+            "f (X) => (Y) { Y = ConstantOfShape<value = float[2] {1.0}>(X) }",
+            "",
+            "attribute value: cannot reshape array of size 1 into shape (2,)",
+        ),
+        (
+            "f (X) => (Y) { Y = com.microsoft.Gelu(X) }",
+            "    imports: {com.microsoft: 99999999999999999999}",
+            "'imports' must map domains to opset versions",
+        ),
+    ],
+)
+def test_a_target_the_op_cannot_take_is_refused_on_load(target, extra, message):
+    """Caught when the rule loads, not as an invalid model after it fired."""
+    from onnxfuse.errors import RuleError
+
+    with pytest.raises(RuleError, match=f"^test.yaml:\\d+: .*{re.escape(message)}"):
+        rules_from_text(_relu_pair_rule(target, extra))
+
+
+def test_an_alpha_written_as_an_int_still_loads():
+    rules_from_text(_relu_pair_rule("f (X) => (Y) { Y = LeakyRelu<alpha = 1>(X) }"))
+
+
+def test_a_let_beyond_int64_blocks_the_rewrite():
+    rules = rules_from_text(
+        _relu_pair_rule(
+            "f <z> (X) => (Y) { Y = Flatten<axis: int = @z>(X) }", "    let:\n      z: 2**63"
+        )
+    )
+    nodes = [helper.make_node("Relu", ["x"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
+    model = make_model(nodes, [tensor_input("x", [2, 3])], [tensor_input("y", [2, 3])])
+    report, optimized = optimize_proto(model, rules)
+    assert [n.op_type for n in optimized.graph.node] == ["Relu", "Relu"]
+    assert report.rules["my-rule"].applied == 0

@@ -135,8 +135,8 @@ def _write(folder: Path, entry: Path, value: object, kind: str) -> None:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         handle, temporary = tempfile.mkstemp(prefix=".", suffix=_SUFFIX, dir=folder)
-    except (OSError, pickle.PicklingError, TypeError, AttributeError):
-        return  # a read-only home or an unpicklable rule: load as if uncached
+    except (OSError, pickle.PicklingError, TypeError, AttributeError, RecursionError):
+        return  # a read-only home, an unpicklable or too deep rule: load as if uncached
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)

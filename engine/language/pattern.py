@@ -157,7 +157,10 @@ def attribute_value(attr: onnx.AttributeProto) -> Any:
     """A Python value for an attribute: numbers, strings, lists, numpy tensors."""
     value = helper.get_attribute_value(attr)
     if attr.type == onnx.AttributeProto.TENSOR:
-        return numpy_helper.to_array(value)
+        try:
+            return numpy_helper.to_array(value)
+        except ValueError as exc:  # a literal whose values do not fill its shape
+            raise PatternError(f"attribute {attr.name}: {exc}") from None
     if attr.type == onnx.AttributeProto.STRING:
         return value.decode("utf-8")
     if attr.type == onnx.AttributeProto.STRINGS:

@@ -13,6 +13,7 @@ from onnxfuse.language import opsets, schemas
 from onnxfuse.language.guards import Guard, GuardSyntaxError, GuardUnknown, parse_guard
 from onnxfuse.language.pattern import (
     COMMUTATIVE_OPS,
+    AttrLiteral,
     AttrRef,
     Pattern,
     PatternError,
@@ -219,7 +220,14 @@ def build_rule(
         _check_ops(
             source, "source", lines.get("source"), opset, strict_attributes=True, copied=copied
         )
-    _check_ops(rule.target, "target", lines.get("target"), opset, strict_attributes=False)
+    _check_ops(
+        rule.target,
+        "target",
+        lines.get("target"),
+        opset,
+        strict_attributes=True,
+        copied=frozenset(rule.copy_attributes.values()),
+    )
     for source in rule.sources:
         for node in source.nodes:
             node.structure  # noqa: B018 - computed with the rule, kept with it in the load cache
@@ -328,8 +336,9 @@ def _check_ops(
 ) -> None:
     """Ops must exist; attributes must exist in a schema version the rule can meet.
 
-    A ``copy_attributes`` source node takes whatever attributes it has, so it need
-    not name the required ones (an op set's Cast keeps its `to`).
+    Input and output counts must fit the op. A node whose output is in
+    ``copy_attributes`` takes whatever attributes its source node has, so it need not
+    name the required ones (an op set's Cast keeps its `to`).
     """
     for node in pattern.nodes:
         known = schemas.known_op(node.domain, node.op_type)
@@ -344,12 +353,27 @@ def _check_ops(
                     f"{role}: {where} does not exist in the rule's opset range", line
                 )
             continue
-        for attr_name in node.attributes:
+        for attr_name, spec in node.attributes.items():
             if not any(attr_name in v.attributes for v in versions):
                 raise RuleDefinitionError(
                     f"{role}: {where} has no attribute '{attr_name}' in the rule's opset range",
                     line,
                 )
+            if isinstance(spec, AttrLiteral):
+                found = [v.attributes.get(attr_name) for v in versions]
+                problem = _literal_problem(attr_name, spec, found)
+                if problem is not None:
+                    raise RuleDefinitionError(f"{role}: {where} {attr_name}: {problem}", line)
+        arity = (len(node.inputs), len(node.outputs))
+        if not any(
+            v.min_input <= arity[0] <= v.max_input and v.min_output <= arity[1] <= v.max_output
+            for v in versions
+        ):
+            raise RuleDefinitionError(
+                f"{role}: {where} takes no {arity[0]} inputs and {arity[1]} outputs "
+                "in the rule's opset range",
+                line,
+            )
         if strict_attributes and not any(o is not None and o.name in copied for o in node.outputs):
             for attr_name, attr_schema in versions[-1].attributes.items():
                 if attr_schema.required and attr_name not in node.attributes:
@@ -358,6 +382,31 @@ def _check_ops(
                         f"(bind it, e.g. <{attr_name}: TYPE = @{attr_name}>, or give a value)",
                         line,
                     )
+
+
+# A literal written as an int may stand for a float (``alpha = 1``), not the reverse.
+_LITERAL_FITS = {
+    onnx.AttributeProto.INT: {onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT},
+    onnx.AttributeProto.INTS: {onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS},
+}
+
+
+def _literal_problem(name: str, spec: AttrLiteral, schemas_of: list[Any]) -> str | None:
+    """What is wrong with a literal attribute value for every schema version, if anything:
+    a value of another type (a string for an int), or a data type no tensor has."""
+    types = {int(a.type) for a in schemas_of if a is not None}
+    if not spec.attr_type or not types:
+        return None
+    fits = _LITERAL_FITS.get(spec.attr_type, {spec.attr_type})
+    if not types & fits:
+        names = " or ".join(sorted(onnx.AttributeProto.AttributeType.Name(t) for t in types))
+        given = onnx.AttributeProto.AttributeType.Name(spec.attr_type)
+        return f"takes {names}, not {given} ({spec.value!r})"
+    int_type = spec.attr_type == onnx.AttributeProto.INT and onnx.AttributeProto.INT in types
+    data_type = name in ("to", "dtype") and int_type  # Cast, EyeLike, RandomNormal, ...
+    if data_type and (not spec.value or spec.value not in onnx.TensorProto.DataType.values()):
+        return f"{spec.value!r} is not an ONNX data type"
+    return None
 
 
 def compile_guards(expressions: list[str], known: set[str], line: int | None) -> list[Guard]:

@@ -285,7 +285,7 @@ def _parse_opset(entry: LineMap, line: int) -> dict[str, tuple[int | None, int |
 def _parse_imports(entry: LineMap, line: int) -> dict[str, int]:
     raw = entry.get("imports", {})
     if not isinstance(raw, dict) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in raw.values()
+        isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31 for v in raw.values()
     ):
         raise RuleDefinitionError("'imports' must map domains to opset versions", line)
     return {str(k): v for k, v in raw.items()}
