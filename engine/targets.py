@@ -316,6 +316,8 @@ def load_target(name_or_path: str) -> Target:
         if not path.exists():
             known = ", ".join(builtin_target_names())
             raise OnnxfuseError(f"unknown target '{name_or_path}' (known: {known})")
+    if path.exists() and not path.is_file():
+        raise TargetError("not a regular file", path)
     try:
         content = path.read_bytes()
         # As read_text would: universal newlines.

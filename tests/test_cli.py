@@ -433,6 +433,22 @@ def test_outputs_that_are_not_files_or_name_one_file_twice_are_refused(tmp_path,
     assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "relu.onnx"]
 
 
+def test_rule_and_target_files_that_are_not_regular_files_are_refused(tmp_path):
+    # A pipe would block the read; a device such as /dev/zero would never end it.
+    fifo = tmp_path / "rules.yaml"
+    os.mkfifo(fifo)
+    assert_clean_error(
+        run_cli("rules", "list", "--rules", str(fifo)), f"{fifo}: not a regular file"
+    )
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    (pack / "a.yaml").write_text(USER_RULE)
+    os.mkfifo(pack / "b.yaml")
+    result = run_cli("rules", "list", "--rules", str(pack))
+    assert_clean_error(result, f"{pack / 'b.yaml'}: not a regular file")
+    assert_clean_error(run_cli("targets", "show", str(fifo)), "rules.yaml: not a regular file")
+
+
 def test_report_json_never_replaces_the_input(relu_model, tmp_path):
     before = relu_model.read_bytes()
     result = run_cli(

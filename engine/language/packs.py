@@ -165,11 +165,17 @@ def load_packs(paths: list[str | Path]) -> list[Pack]:
 
 
 def _files_read(path: Path) -> list[Path]:
-    """The files loading ``path`` reads (raises OSError for a missing one)."""
+    """The files loading ``path`` reads (raises OSError for a missing one). Each must be a
+    regular file: a pipe would block the read, a device never end it."""
     if path.is_dir():
         manifest = path / MANIFEST
-        return [manifest, *_rule_files(path)] if manifest.exists() else _rule_files(path)
-    return [path]
+        files = [manifest, *_rule_files(path)] if manifest.exists() else _rule_files(path)
+    else:
+        files = [path]
+    for file in files:
+        if file.exists() and not file.is_file():
+            raise RuleError("not a regular file", str(file))
+    return files
 
 
 def _load_one(path: Path) -> Pack:

@@ -50,7 +50,7 @@ def parse_dims(items: list[str]) -> dict[str, int]:
     dims = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name or not value.strip().isdigit() or int(value) < 1:
+        if not sep or not name or not value.strip().isdigit() or not 0 < int(value) < 2**63:
             raise OnnxfuseError(f"--dim expects NAME=VALUE with a positive integer, not {item!r}")
         dims[name] = int(value)
     return dims

@@ -24,6 +24,9 @@ from onnxfuse.planner.strategies import get_strategy, lower_bound
 FORMAT = "onnxfuse.memory_plan"
 VERSION = 1
 
+# A page of the largest huge pages: no allocator aligns further.
+_MAX_ALIGNMENT = 1 << 30
+
 
 @dataclass
 class Step:
@@ -134,8 +137,10 @@ def plan_model(
     initializers.
     """
     place = get_strategy(strategy)
-    if alignment < 1:
-        raise OnnxfuseError(f"alignment must be a positive number of bytes, not {alignment}")
+    if not 0 < alignment <= _MAX_ALIGNMENT:
+        raise OnnxfuseError(
+            f"alignment must be a number of bytes from 1 to {_MAX_ALIGNMENT}, not {alignment}"
+        )
     dims = dict(dims or {})
     infos = infer_tensor_infos(model, dims)
     lifetimes = compute_lifetimes(model, infos, fold_constants=fold_constants)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import helper
 from planner_graphs import LIGHT, make_model, tensor
@@ -133,3 +134,27 @@ def test_outputs_that_are_not_files_or_name_one_file_twice_are_refused(tmp_path)
         assert result.returncode == 2
         assert result.stderr == f"onnxfuse: error: {message}\n"
     assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_numbers_out_of_range_are_one_line(tmp_path, capsys):
+    for args, message in (
+        (["--align", str(2**70)], f"alignment must be a number of bytes from 1 to {2**30}"),
+        (["--dim", f"batch={2**64}"], "--dim expects NAME=VALUE with a positive integer"),
+    ):
+        assert main(["plan", SQUEEZENET, *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err
+
+
+def test_a_model_onnxruntime_cannot_run_fails_verify_in_one_line(tmp_path):
+    # An integer division by zero: onnxruntime refuses to run it.
+    int32 = onnx.TensorProto.INT32
+    zero = onnx.numpy_helper.from_array(np.zeros([4], np.int32), "zero")
+    nodes = [helper.make_node("Div", ["x", "zero"], ["y"])]
+    model = make_model(nodes, [tensor("x", [4], int32)], [tensor("y", [4], int32)], [zero])
+    path = tmp_path / "div0.onnx"
+    save_model(model, path)
+    result = _run(str(path), "--keep-constants", "--verify")
+    assert result.returncode == 2
+    assert result.stderr.startswith("onnxfuse: error: onnxruntime cannot run the model: ")
+    assert result.stderr.count("\n") == 1
