@@ -294,8 +294,11 @@ def check_instance(
 ) -> None:
     """Check one instance; Reject if it is discarded, _Found on a failure."""
     rule = instance.rule
-    model = build_model(instance.spec)
-    feeds = make_feeds(instance.spec, instance.data_seed)
+    try:
+        model = build_model(instance.spec)
+        feeds = make_feeds(instance.spec, instance.data_seed)
+    except (ValueError, TypeError, OverflowError, MemoryError) as exc:  # a negative dim, ...
+        raise _domain_error(rule, exc) from None
     if positive:
         runner, expected = _run_source(model, feeds)
         result = _fire(instance, model, rule, target)
@@ -565,17 +568,16 @@ def check_negatives(
 def _generate(rule: Rule, domain: Domain, drawer: Drawer) -> Instance:
     try:
         return generate(rule, domain, drawer)
-    except DomainError as exc:
-        placeholder = helper.make_model(helper.make_graph([], "none", [], []))
-        raise _Found(
-            Failure(
-                rule.name,
-                "domain-error",
-                f"the verification domain cannot be evaluated: {exc}",
-                "",
-                placeholder,
-            )
-        ) from None
+    # A domain can ask for what no array or model can be: a negative or huge dim, a
+    # value of another type, an opset onnx does not know.
+    except (DomainError, ValueError, TypeError, OverflowError, IndexError, MemoryError) as exc:
+        raise _domain_error(rule, exc) from None
+
+
+def _domain_error(rule: Rule, exc: Exception) -> _Found:
+    placeholder = helper.make_model(helper.make_graph([], "none", [], []))
+    message = f"the verification domain cannot be evaluated: {exc}"
+    return _Found(Failure(rule.name, "domain-error", message, "", placeholder))
 
 
 def with_domain_params(target: Target | None, domain: Domain) -> Target | None:

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import onnx
+
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.language import schemas
 from onnxfuse.language.pattern import AttrRef
@@ -390,9 +392,12 @@ def _opsets(rule: Rule, raw: Any) -> list[int]:
     values = raw if isinstance(raw, list) else [raw]
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise _Invalid("'opsets' must be an opset or a list of them")
+    newest = onnx.defs.onnx_opset_version()
     for value in values:
         if (low is not None and value < low) or (high is not None and value > high):
             raise _Invalid(f"opset {value} is outside the rule's opset range [{low}, {high}]")
+        if not 1 <= value <= newest:
+            raise _Invalid(f"opset {value} is not one onnx knows (1 to {newest})")
     return list(values)
 
 

@@ -90,3 +90,32 @@ def test_bad_input_is_one_line(args, fragment, capsys):
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], err
+
+
+@pytest.mark.parametrize(
+    ("verify", "message"),
+    [
+        ("inputs: {X: [-1, 3]}", "cannot be evaluated: negative dimensions are not allowed"),
+        ("opsets: [999]\n      inputs: {X: [2]}", "verify: opset 999 is not one onnx knows"),
+        ("inputs: {X: {value: \"'abc'\"}}", "cannot be evaluated: could not convert string"),
+    ],
+)
+def test_a_domain_no_instance_can_have_fails_the_rule_in_one_line(
+    tmp_path, capsys, verify, message
+):
+    path = tmp_path / "rules.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - name: relu-relu\n"
+        '    source: "f (X) => (Y) { T = Relu(X)\\n Y = Relu(T) }"\n'
+        '    target: "f (X) => (Y) { Y = Relu(X) }"\n'
+        "    verify:\n"
+        "      dtypes: [float32]\n"
+        f"      {verify}\n"
+    )
+    code, out, err = run(
+        capsys, "check", str(path), "--examples", "3", "--save-dir", str(tmp_path / "s")
+    )
+    assert code == 1 and err == "", err
+    (failed,) = [line for line in out.splitlines() if "FAIL" in line]
+    assert message in failed
