@@ -427,7 +427,8 @@ def _is_int(value: Any) -> bool:
 
 
 def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(_is_int(v) for v in value)
+    """A list of counts or indices: ints, none negative."""
+    return isinstance(value, list) and all(_is_int(v) and v >= 0 for v in value)
 
 
 def _parse_limits(raw: Any, where: str, path: Path, entry: LineMap) -> Limits:
@@ -452,7 +453,7 @@ def _parse_limits(raw: Any, where: str, path: Path, entry: LineMap) -> Limits:
         counts[key] = value
     ranks = raw.get("input_rank") or {}
     if not isinstance(ranks, dict) or not all(
-        _is_int(k) and _int_list(v) for k, v in ranks.items()
+        _is_int(k) and k >= 0 and _int_list(v) for k, v in ranks.items()
     ):
         raise bad("input_rank")
     spatial = raw.get("spatial_dims")
