@@ -78,6 +78,7 @@ def run_check(args: argparse.Namespace) -> int:
     from onnxfuse.language.packs import check_unique, load_rules
     from onnxfuse.targets import load_target
 
+    _keep_hypothesis_files_out_of_the_working_directory()
     rules = load_rules(list(args.rules))
     check_unique(rules)
     if args.rule:
@@ -175,3 +176,22 @@ def _replay(args: argparse.Namespace, rules, target) -> int:
         return 0
     print(f"{rule.name}: {path} still fails: {problem}", file=sys.stdout)
     return 1
+
+
+def _keep_hypothesis_files_out_of_the_working_directory() -> None:
+    """hypothesis keeps files (constants it collects from source) in ``./.hypothesis``:
+    a command run in a user's project must not leave them there. They go to onnxfuse's
+    cache, or to a temporary directory removed at exit when caching is off."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    from onnxfuse.language.load_cache import cache_dir
+
+    home = cache_dir()
+    if home is None:
+        home = Path(tempfile.mkdtemp(prefix="onnxfuse-hypothesis-"))
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
+    set_hypothesis_home_dir(str(home / "hypothesis"))

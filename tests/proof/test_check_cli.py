@@ -3,7 +3,10 @@ packs pass; bad input is a one-line error."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import onnx
@@ -119,3 +122,30 @@ def test_a_domain_no_instance_can_have_fails_the_rule_in_one_line(
     assert code == 1 and err == "", err
     (failed,) = [line for line in out.splitlines() if "FAIL" in line]
     assert message in failed
+
+
+def test_check_leaves_no_hypothesis_files_in_the_working_directory(tmp_path):
+    work = tmp_path / "project"
+    work.mkdir()
+    saved = tmp_path / "saved"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnxfuse",
+            "check",
+            str(WRONG_RULE),
+            "--examples",
+            "3",
+            "--save-dir",
+            str(saved),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env={**os.environ, "ONNXFUSE_CACHE_DIR": str(tmp_path / "cache")},
+        timeout=600,
+    )
+    assert result.returncode == 1, result.stderr
+    assert list(work.iterdir()) == []  # no .hypothesis
+    assert list(saved.iterdir())  # the failure was saved where asked
