@@ -72,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--iterations must be >= 0")
     if args.command == "graphs" and args.each_rule is not None and args.each_rule < 1:
         parser.error("--each-rule must be >= 1")
+    if args.command == "graphs" and args.max_steps < 1:
+        parser.error("--max-steps must be >= 1")
+    if args.command == "graphs" and args.table:
+        table = Path(args.table)
+        if table.is_dir() or not table.parent.is_dir():
+            parser.error(f"--table {table}: not a file in an existing directory")
     command = "python -m fuzz " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     if args.command == "graphs":
         return _graphs(args, parser, command)

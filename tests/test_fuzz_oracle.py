@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,3 +103,22 @@ def test_documented_nonfinite_deviations() -> None:
     assert oracle.nonfinite_deviations(["nchwc-global-maxpool", "relu-relu"]) == [
         "nchwc-global-maxpool"
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-steps", "0"], "--max-steps must be >= 1"),
+        (["--each-rule", "1", "--table", "/nonexistent/x.tsv"], "not a file in an existing dir"),
+    ],
+)
+def test_bad_fuzzer_arguments_exit_2_without_a_traceback(args, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "fuzz", "graphs", "--iterations", "1", "--no-save", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and message in result.stderr
