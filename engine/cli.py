@@ -125,7 +125,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
 
     target = load_target(args.target)
     rules = api.select_rules(args.rules, args.disable, builtin=not args.no_builtin, target=target)
-    model_path = Path(args.model) if args.model else api.sample_model_path()
+    model_path = Path(args.model) if args.model is not None else api.sample_model_path()
     if args.model is None and not args.quiet:
         print(f"No model given: optimizing the bundled sample model {model_path.name}")
     options = Options(

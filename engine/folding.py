@@ -12,6 +12,8 @@ only they read are handed on as tensors and never become initializers.
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -207,7 +209,8 @@ class Folder:
             return None
         dims = [int(d) for d in shape]
         if node.op_type == "Size":
-            return [np.array(int(np.prod(dims)), dtype=np.int64)]
+            size = math.prod(dims)
+            return [np.array(size, dtype=np.int64)] if size < 2**63 else None
         rank = len(dims)
         start_attr = node.attributes.get("start")
         end_attr = node.attributes.get("end")
@@ -242,11 +245,10 @@ class Folder:
         fill = attr.value.numpy().reshape(-1) if attr is not None else np.zeros(1, np.float32)
         if fill.size != 1 or any(d < 0 for d in dims):
             return None
-        if int(np.prod(dims)) * fill.dtype.itemsize > self.context.limit_bytes:
+        nbytes = math.prod(dims) * fill.dtype.itemsize  # Python ints: no overflow
+        if nbytes > min(self.context.limit_bytes, sys.maxsize):  # no array is larger
             raise _AboveLimit
-        if fill.dtype.kind in "biufc" and int(np.prod(dims)) * fill.dtype.itemsize >= (
-            spill.FILL_MIN_BYTES
-        ):
+        if fill.dtype.kind in "biufc" and nbytes >= spill.FILL_MIN_BYTES:
             # A view of one value: it becomes a FillTensor, made only when read or written.
             return [np.broadcast_to(fill[:1].reshape(()), dims)]
         if fill.dtype.kind in "biufc" and not any(fill.tobytes()):

@@ -19,6 +19,8 @@ def check_output(path: str | os.PathLike) -> None:
     """Raise unless ``path`` can take an output written whole."""
     if not os.fspath(path):
         raise OnnxfuseError("an output needs a file name, not an empty one")
+    if os.fspath(path).endswith(("/", os.sep)):
+        raise OnnxfuseError(f"{path}: names a directory, not a file")
     path = Path(path)
     if path.is_dir():
         raise OnnxfuseError(f"{path}: is a directory")

@@ -428,6 +428,7 @@ def test_outputs_that_are_not_files_or_name_one_file_twice_are_refused(tmp_path,
         (["-o", same, "--report-json", same], f"{same}: named by both -o and --report-json"),
         (["--report-json", ""], "an output needs a file name, not an empty one"),
         (["-o", str(tmp_path)], f"{tmp_path}: is a directory"),
+        (["-o", f"{tmp_path}/new.onnx/"], "new.onnx/: names a directory, not a file"),
     ):
         assert_clean_error(run_cli("optimize", str(relu_model), *args, "-q"), message)
     assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "relu.onnx"]

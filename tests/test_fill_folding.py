@@ -455,3 +455,14 @@ def test_fill_chunks_are_the_fill_bytes(count, dtype):
     assert b"".join(bytes(c) for c in chunks) == np.full((2, count), fill.value[0]).tobytes()
     # One shared buffer, never larger than the tensor (nor than FILL_CHUNK_BYTES).
     assert max(len(c) for c in chunks) <= min(spill.FILL_CHUNK_BYTES, fill.nbytes)
+
+
+def test_a_fill_no_array_can_hold_is_left_unfolded_whatever_the_limit():
+    shape = ir.Value(name="s", const_value=ir.Tensor(np.array([2**40, 2**40], np.int64)))
+    node = ir.Node("", "ConstantOfShape", [shape], num_outputs=1)
+    node.outputs[0].name = "y"
+    graph = ir.Graph([], [node.outputs[0]], nodes=[node], initializers=[shape])
+    model = ir.Model(graph, ir_version=10)
+    folder = Folder(FoldContext(10, {"": 21}, 10**30), NameSource(model))
+    assert not folder.fold_node(node)
+    assert list(graph) == [node]
