@@ -1407,3 +1407,13 @@ def test_a_let_beyond_int64_blocks_the_rewrite():
     report, optimized = optimize_proto(model, rules)
     assert [n.op_type for n in optimized.graph.node] == ["Relu", "Relu"]
     assert report.rules["my-rule"].applied == 0
+
+
+def test_guard_lists_aliased_within_aliases_are_walked_once():
+    """Eight levels of ten aliases each would be 10**8 guards spliced in one by one."""
+    levels = ['      - &l0 ["rank(X) > 0", "rank(X) < 9"]']
+    for k in range(1, 8):
+        levels.append(f"      - &l{k} [{', '.join([f'*l{k - 1}'] * 10)}]")
+    text = _relu_pair_rule("f (X) => (Y) { Y = Relu(X) }", "    where:\n" + "\n".join(levels))
+    (rule,) = rules_from_text(text)
+    assert [g.text for g in rule.guards] == ["rank(X) > 0", "rank(X) < 9"]

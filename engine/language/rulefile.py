@@ -230,19 +230,25 @@ def _source_texts(entry: LineMap) -> list[tuple[str, int]]:
 _MAX_GUARD_NESTING = 8
 
 
-def _guard_list(where: Any, line: int | None, depth: int = 0) -> list[str]:
+def _guard_list(where: Any, line: int | None, depth: int = 0, seen: set | None = None) -> list[str]:
     """`where:` as a flat list of expressions.
 
     A nested list is spliced in, so rules can share a list of guards through a
-    YAML anchor (`- *shape_guards`).
+    YAML anchor (`- *shape_guards`). Guards are a conjunction: a list met again (one
+    anchor aliased many times) adds nothing and is not walked again, so aliases
+    nested in aliases cannot multiply the work.
     """
+    seen = set() if seen is None else seen
     if isinstance(where, str):
         return [where]
     if not isinstance(where, list) or depth > _MAX_GUARD_NESTING:
         raise RuleDefinitionError("'where' must be an expression or a list of them", line)
     flat: list[str] = []
+    if id(where) in seen:
+        return flat
+    seen.add(id(where))
     for item in where:
-        flat.extend(_guard_list(item, line, depth + 1))
+        flat.extend(_guard_list(item, line, depth + 1, seen))
     return flat
 
 
