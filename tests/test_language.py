@@ -1417,3 +1417,17 @@ def test_guard_lists_aliased_within_aliases_are_walked_once():
     text = _relu_pair_rule("f (X) => (Y) { Y = Relu(X) }", "    where:\n" + "\n".join(levels))
     (rule,) = rules_from_text(text)
     assert [g.text for g in rule.guards] == ["rank(X) > 0", "rank(X) < 9"]
+
+
+def test_a_guard_of_nested_loops_over_long_ranges_is_cut_short():
+    """Three nested loops over 10,000 items each: undecided after a bounded number of
+    steps (the rule does not fire), not 10**12 steps at every candidate node."""
+    loops = "for a in range(10000) for b in range(10000) for c in range(10000)"
+    text = _relu_pair_rule(
+        "f (X) => (Y) { Y = Relu(X) }", f'    where: "[1 {loops} if a < 0] == []"'
+    )
+    nodes = [helper.make_node("Relu", ["x"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
+    model = make_model(nodes, [tensor_input("x", [2, 3])], [tensor_input("y", [2, 3])])
+    report, optimized = optimize_proto(model, rules_from_text(text))
+    assert report.rules["my-rule"].applied == 0
+    assert len(optimized.graph.node) == 2

@@ -22,6 +22,10 @@ MAX_EXPRESSION_CHARS = 4000
 MAX_DEPTH = 60
 MAX_INT_BITS = 4096
 
+# Items a comprehension may visit, over all its loops: a guard is checked at every
+# candidate node, and three nested loops over 10,000 items would never end.
+_MAX_COMPREHENSION_STEPS = 100_000
+
 
 @dataclass(frozen=True)
 class Dialect:
@@ -392,6 +396,7 @@ class _Compiler:
 
         def comprehend(names: Mapping[str, Any]) -> list[Any]:
             results: list[Any] = []
+            steps = [0]  # items visited at every level: nested loops multiply them
 
             def loop(index: int, scope: Mapping[str, Any]) -> None:
                 if index == len(loops):
@@ -401,6 +406,9 @@ class _Compiler:
                     return
                 iterable, target, conditions = loops[index]
                 for item in bounded(iterable(scope)):
+                    steps[0] += 1
+                    if steps[0] > _MAX_COMPREHENSION_STEPS:
+                        raise fail("comprehension takes too many steps")
                     local: dict[str, Any] = {}
                     assign(target, item, local)
                     inner = ChainMap(local, scope)
