@@ -608,16 +608,14 @@ def save_model(
     path = Path(path)
     external = _needs_external_data(model)
     data = path.with_name(f"{path.name}.data")
-    for output in [path, data] if external else [path]:
+    outputs = [path, data] if external else [path]
+    for output in outputs:
         check_output(output)
-    refuse_overwriting(
-        [path, data] if external else [path],
-        model.meta.get(INPUT_FILES_META) if inputs is None else inputs,
-    )
+    refuse_overwriting(outputs, model.meta.get(INPUT_FILES_META) if inputs is None else inputs)
     if external:
         if infer:
             infer_shapes(model, outputs=False)
-        _save_with_external_data(model, path, target)
+        _save_with_external_data(model, path, data, target)
         return
     load_spilled(model)
     # One serialization, large weights as placeholders: inferred, checked, written.
@@ -644,12 +642,14 @@ def save_model(
         raise
 
 
-def _save_with_external_data(model: ir.Model, path: Path, target: Target | None) -> None:
-    """The model and its ``<name>.data``, written and checked in a directory of their own
-    beside ``path``, then renamed into place: the data first, the model last. A failed
+def _save_with_external_data(
+    model: ir.Model, path: Path, data: Path, target: Target | None
+) -> None:
+    """The model and its ``data`` file beside it, written and checked in a directory of
+    their own, then renamed into place: the data first, the model last. A failed
     check, or an interruption before the renames, leaves an earlier output whole, and
     no model file there ever names data still being written."""
-    data_name = f"{path.name}.data"
+    data_name = data.name
     with creating(path):
         staging_directory = tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent)
     with staging_directory as staging:
@@ -665,12 +665,11 @@ def _save_with_external_data(model: ir.Model, path: Path, target: Target | None)
         staged_data = staged.with_name(data_name)
         if staged_data.exists():  # none when every weight is small
             os.chmod(staged_data, _new_file_mode())
-            earlier = path.with_name(data_name)
-            if earlier.is_file() or earlier.is_symlink():
+            if data.is_file() or data.is_symlink():
                 # Moved aside, not renamed over: ext4 writes a file out before renaming it
                 # over another (auto_da_alloc; 600 MB: 0.3 s). Removed with the staging.
-                os.replace(earlier, Path(staging) / f"earlier-{data_name}")
-            os.replace(staged_data, earlier)
+                os.replace(data, Path(staging) / f"earlier-{data_name}")
+            os.replace(staged_data, data)
         os.chmod(staged, _new_file_mode())
         os.replace(staged, path)
 
