@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
+from onnxfuse.input_files import INPUT_FILES_META
 from onnxfuse.language.heap import long_lived_objects_frozen
 from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
 from onnxfuse.language.rule import Rule
@@ -61,8 +63,11 @@ def optimize_file(
     output: str | os.PathLike | None,
     rules: list[Rule],
     options: Options | None = None,
+    also_writes: Sequence[str | os.PathLike] = (),
 ) -> Report:
-    """Optimize a model file; write the result atomically (the input is never touched)."""
+    """Optimize a model file; write the result atomically (the input is never touched).
+    ``also_writes``: files the caller writes after (a report), refused like ``output``
+    if the input reads them."""
     source = Path(source)
     if output is not None:  # before the work; data files when saving
         check_output(output)
@@ -71,6 +76,7 @@ def optimize_file(
     with long_lived_objects_frozen() as loaded:
         model, inferred = load_model_and_types(source, target)
         loaded()
+        refuse_overwriting(also_writes, model.meta.get(INPUT_FILES_META))  # before the work
         # Large folded values wait on disk for the save (from 1 MiB with external weights).
         with spilling(model):
             # With an output, the last shape inference runs on the protobuf the save writes.

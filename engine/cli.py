@@ -119,8 +119,15 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
 def _run_optimize(args: argparse.Namespace) -> int:
     from onnxfuse import api
     from onnxfuse.optimizer import DEFAULT_MAX_ITERATIONS, Options
-    from onnxfuse.output_paths import check_distinct, check_output, model_file, refuse_overwriting
+    from onnxfuse.output_paths import (
+        check_distinct,
+        check_output,
+        model_file,
+        refuse_overwriting,
+        refuse_overwriting_read,
+    )
     from onnxfuse.report import format_report
+    from onnxfuse.target_params import split_spec
     from onnxfuse.targets import load_target
 
     target = load_target(args.target)
@@ -137,10 +144,16 @@ def _run_optimize(args: argparse.Namespace) -> int:
     if args.fold_limit:
         options.fold_limit_bytes = args.fold_limit
     check_distinct({"-o": args.output, "--report-json": args.report_json})
+    outputs = [path for path in (args.output, args.report_json) if path is not None]
     if args.report_json is not None:
         check_output(args.report_json)
         refuse_overwriting([args.report_json], model_file(model_path))
-    report = api.optimize_file(model_path, args.output, rules, options)
+    refuse_overwriting_read(outputs, _rule_files(args.rules), "the rule file")
+    base, _ = split_spec(args.target)
+    if Path(base).suffix in (".yaml", ".yml"):
+        refuse_overwriting_read(outputs, [Path(base)], "the capability file")
+    also = [args.report_json] if args.report_json is not None else []
+    report = api.optimize_file(model_path, args.output, rules, options, also_writes=also)
     if args.report_json:
         _write_json(args.report_json, report.to_json())
     if not args.quiet:
@@ -148,6 +161,14 @@ def _run_optimize(args: argparse.Namespace) -> int:
     if report.stopped:
         print(f"onnxfuse: warning: {report.stopped}", file=sys.stderr)
     return 0
+
+
+def _rule_files(paths: list[str]) -> list[Path]:
+    """The files ``--rules`` names: files, and the YAML files of pack folders."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        files.extend(sorted(path.glob("*.yaml")) if path.is_dir() else [path])
+    return files
 
 
 def _progress(message: str) -> None:

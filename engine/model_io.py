@@ -107,6 +107,10 @@ def load_model_and_types(
 
 def _existing(path: str | os.PathLike) -> Path:
     path = Path(path)
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:  # onnx's checker takes only UTF-8 paths
+        raise ModelError(f"{path}: onnx reads only file names in UTF-8") from None
     if not path.exists():
         raise ModelError(f"{path}: no such file")
     if not path.is_file():

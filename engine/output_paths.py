@@ -65,6 +65,18 @@ def refuse_overwriting(destinations: Iterable[str | os.PathLike], files: InputFi
             )
 
 
+def refuse_overwriting_read(
+    destinations: Iterable[str | os.PathLike], read: Iterable[Path], what: str
+) -> None:
+    """Raise if writing any of ``destinations`` would replace one of the files ``read``
+    (rule files, a capability file), named ``what`` in the message."""
+    files = {os.path.realpath(path): path for path in read}
+    for destination in destinations:
+        found = files.get(_written_at(Path(destination)))
+        if found is not None:
+            raise OnnxfuseError(f"{destination}: refusing to overwrite {what} {found}")
+
+
 def _written_at(path: Path) -> str:
     """The name a rename onto ``path`` replaces: its directory resolved, not itself."""
     return os.path.join(os.path.realpath(path.parent), path.name)

@@ -450,6 +450,27 @@ def test_rule_and_target_files_that_are_not_regular_files_are_refused(tmp_path):
     assert_clean_error(run_cli("targets", "show", str(fifo)), "rules.yaml: not a regular file")
 
 
+def test_outputs_never_replace_the_inputs_data_rules_or_capability_file(tmp_path, relu_model):
+    inputs, pack = tmp_path / "in", tmp_path / "pack"
+    inputs.mkdir()
+    pack.mkdir()
+    source = _external_model(inputs / "m.onnx", "m.data")
+    rules = pack / "mine.yaml"
+    rules.write_text(USER_RULE)
+    capability = inputs / "npu.yaml"
+    capability.write_text((Path(__file__).parent.parent / "targets" / "cpu.yaml").read_text())
+    before = _contents(inputs), _contents(pack)
+    cases = (
+        ([str(source), "--report-json", str(inputs / "m.data")], "input model's external data"),
+        ([str(relu_model), "--rules", str(rules), "-o", str(rules)], "the rule file"),
+        ([str(relu_model), "--rules", str(pack), "--report-json", str(rules)], "the rule file"),
+        ([str(relu_model), "--target", str(capability), "-o", str(capability)], "capability file"),
+    )
+    for args, message in cases:
+        assert_clean_error(run_cli("optimize", *args, "-q"), "refusing to overwrite", message)
+    assert (_contents(inputs), _contents(pack)) == before
+
+
 def test_report_json_never_replaces_the_input(relu_model, tmp_path):
     before = relu_model.read_bytes()
     result = run_cli(
@@ -533,3 +554,9 @@ def test_nodes_out_of_order_are_sorted_not_rejected(tmp_path):
     onnx.save(model, path)
     assert main(["optimize", str(path), "-o", str(out), "-q"]) == 0
     assert [n.name for n in onnx.load(out).graph.node] == ["first", "second"]
+
+
+def test_a_model_path_not_in_utf8_is_one_line(tmp_path, relu_model):
+    path = os.fsdecode(os.fsencode(str(tmp_path)) + b"/u\xff.onnx")
+    Path(path).write_bytes(relu_model.read_bytes())
+    assert_clean_error(run_cli("optimize", path), "onnx reads only file names in UTF-8")

@@ -181,6 +181,7 @@ def verify_plan(
     model: ir.Model, plan: Plan, feeds: Mapping[str, np.ndarray] | None = None, seed: int = 0
 ) -> VerifyResult:
     """Run ``model`` inside the arena and compare with onnxruntime's run of the whole model."""
+    ort.set_default_logger_severity(4)  # fatal only: a failed run is reported as one line
     try:
         feeds = dict(feeds) if feeds is not None else random_feeds(model, plan, seed)
         got = ArenaExecutor(model, plan).run(feeds)
