@@ -176,8 +176,10 @@ def _progress(message: str) -> None:
 
 
 def _write_json(path: str, data: object) -> None:
+    from onnxfuse.output_paths import temporary_prefix
+
     target = Path(path)
-    temporary = target.with_name(f".{target.name}.tmp")
+    temporary = target.with_name(f"{temporary_prefix(target)}tmp")
     with creating(path):
         try:
             temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -48,7 +48,7 @@ from onnxfuse.model_writer import (
     write_model,
 )
 from onnxfuse.naming import subgraphs
-from onnxfuse.output_paths import check_output, refuse_overwriting
+from onnxfuse.output_paths import check_output, refuse_overwriting, temporary_prefix
 from onnxfuse.protobuf_wire import ITEMSIZE, GraphScan, initializer_ranges, scan_graph
 from onnxfuse.source_weights import LazyEntry, SourceFile, SourceTensor, split_weights
 from onnxfuse.spill import is_spilled, load_spilled
@@ -370,7 +370,7 @@ def _check_proto(proto: onnx.ModelProto) -> str | None:
 
 def _check_beside(path: Path, view: onnx.ModelProto) -> str | None:
     """Check ``view`` by path from a temporary file in ``path``'s directory."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".view.onnx", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".view.onnx", dir=path.parent)
     os.close(fd)
     try:
         onnx.save_model(view, name)
@@ -630,7 +630,9 @@ def save_model(
             serialized = serialize_stripped(model)
     _check_serialized(model, serialized[0], target)
     with creating(path):
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=temporary_prefix(path), suffix=".tmp", dir=path.parent
+        )
     # Written through the descriptor made with the file, not reopened: ext4 flushes a file
     # truncated by a reopen when it is closed (auto_da_alloc; 244 MB: about 0.1 s).
     out = os.fdopen(fd, "wb")
@@ -655,7 +657,9 @@ def _save_with_external_data(
     no model file there ever names data still being written."""
     data_name = data.name
     with creating(path):
-        staging_directory = tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent)
+        staging_directory = tempfile.TemporaryDirectory(
+            prefix=temporary_prefix(path), dir=path.parent
+        )
     with staging_directory as staging:
         staged = Path(staging) / path.name
         ir.save(model, staged, external_data=data_name)

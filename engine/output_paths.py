@@ -14,6 +14,17 @@ from pathlib import Path
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.input_files import InputFiles
 
+# Room left in a 255-byte file name for a temporary name's dot, random part and suffix.
+_TEMPORARY_NAME_ROOM = 200
+
+
+def temporary_prefix(path: Path) -> str:
+    """The prefix of a temporary file or directory made beside ``path``: its name, so a
+    leftover says what it was for, unless that would make the name too long."""
+    if len(os.fsencode(path.name)) > _TEMPORARY_NAME_ROOM:
+        return ".onnxfuse-"
+    return f".{path.name}."
+
 
 def check_output(path: str | os.PathLike) -> None:
     """Raise unless ``path`` can take an output written whole."""

@@ -560,3 +560,16 @@ def test_a_model_path_not_in_utf8_is_one_line(tmp_path, relu_model):
     path = os.fsdecode(os.fsencode(str(tmp_path)) + b"/u\xff.onnx")
     Path(path).write_bytes(relu_model.read_bytes())
     assert_clean_error(run_cli("optimize", path), "onnx reads only file names in UTF-8")
+
+
+def test_a_longest_legal_output_name_is_written(tmp_path, relu_model):
+    """The temporary file beside it would be too long if named after it."""
+    name = "a" * 250
+    out, report = tmp_path / f"{name}.onnx", tmp_path / f"{name}.json"
+    result = run_cli("optimize", str(relu_model), "-o", str(out), "--report-json", str(report))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [out.name, report.name, "relu.onnx"]
+    )
+    result = run_cli("plan", str(relu_model), "-o", str(tmp_path / f"{name}.plan"))
+    assert result.returncode == 0, result.stderr

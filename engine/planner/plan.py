@@ -13,7 +13,7 @@ from typing import Any
 import onnx_ir as ir
 
 from onnxfuse.errors import OnnxfuseError, creating
-from onnxfuse.output_paths import check_output
+from onnxfuse.output_paths import check_output, temporary_prefix
 from onnxfuse.planner.baselines import naive_bytes, ort_policy_bytes
 from onnxfuse.planner.inplace import find_inplace, make_blocks
 from onnxfuse.planner.lifetimes import Lifetimes, Listed, compute_lifetimes
@@ -110,7 +110,9 @@ class Plan:
         path = Path(path)
         check_output(path)
         with creating(path):
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            fd, tmp = tempfile.mkstemp(
+                prefix=temporary_prefix(path), suffix=".tmp", dir=path.parent
+            )
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(self.to_json())
