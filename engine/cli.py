@@ -118,6 +118,7 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
 
 def _run_optimize(args: argparse.Namespace) -> int:
     from onnxfuse import api
+    from onnxfuse.language.packs import files_read
     from onnxfuse.optimizer import DEFAULT_MAX_ITERATIONS, Options
     from onnxfuse.output_paths import (
         check_distinct,
@@ -148,7 +149,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
     if args.report_json is not None:
         check_output(args.report_json)
         refuse_overwriting([args.report_json], model_file(model_path))
-    refuse_overwriting_read(outputs, _rule_files(args.rules), "the rule file")
+    rule_files = [file for path in args.rules for file in files_read(Path(path))]
+    refuse_overwriting_read(outputs, rule_files, "the rule file")
     base, _ = split_spec(args.target)
     if Path(base).suffix in (".yaml", ".yml"):
         refuse_overwriting_read(outputs, [Path(base)], "the capability file")
@@ -161,14 +163,6 @@ def _run_optimize(args: argparse.Namespace) -> int:
     if report.stopped:
         print(f"onnxfuse: warning: {report.stopped}", file=sys.stderr)
     return 0
-
-
-def _rule_files(paths: list[str]) -> list[Path]:
-    """The files ``--rules`` names: files, and the YAML files of pack folders."""
-    files: list[Path] = []
-    for path in map(Path, paths):
-        files.extend(sorted(path.glob("*.yaml")) if path.is_dir() else [path])
-    return files
 
 
 def _progress(message: str) -> None:

@@ -158,13 +158,13 @@ def load_packs(paths: list[str | Path]) -> list[Pack]:
     given = [Path(path) for path in paths]
 
     def key() -> bytes:
-        return content_key(file for path in given for file in _files_read(path))
+        return content_key(file for path in given for file in files_read(path))
 
     with collector_paused():
         return cached("rules", key, lambda: [_load_one(path) for path in given])
 
 
-def _files_read(path: Path) -> list[Path]:
+def files_read(path: Path) -> list[Path]:
     """The files loading ``path`` reads (raises OSError for a missing one). Each must be a
     regular file: a pipe would block the read, a device never end it."""
     if path.is_dir():
