@@ -33,20 +33,20 @@ from speed import model_set  # noqa: E402
 
 # (phase, engine module, function): the innermost of these on a sample's stack takes it.
 PHASES = (
-    ("load", "model_io", "load_model_and_types"),
-    ("normalize", "optimizer", "normalize"),
-    ("match", "matcher", "could_match"),
-    ("match", "matcher", "match"),
-    ("rewrite", "rewrite", "apply_match"),
-    ("fold", "folding", "fold_node"),
-    ("infer", "infer", "infer_shapes"),
-    ("infer", "infer", "infer_node"),
-    ("infer", "infer", "inferred_types"),
-    ("cleanup", "optimizer", "_cleanup"),
-    ("check", "model_io", "_check_loaded"),
-    ("check", "model_io", "_check_serialized"),
-    ("serialize", "model_writer", "serialize_stripped"),
-    ("write", "model_writer", "write_model"),
+    ("load", "files.model_io", "load_model_and_types"),
+    ("normalize", "passes.pipeline", "normalize"),
+    ("match", "rewrite.matcher", "could_match"),
+    ("match", "rewrite.matcher", "match"),
+    ("rewrite", "rewrite.apply", "apply_match"),
+    ("fold", "fold.folder", "fold_node"),
+    ("infer", "ops.inference", "infer_shapes"),
+    ("infer", "ops.inference", "infer_node"),
+    ("infer", "ops.inference", "inferred_types"),
+    ("cleanup", "passes.pipeline", "_cleanup"),
+    ("check", "files.model_io", "_check_loaded"),
+    ("check", "files.model_io", "_check_serialized"),
+    ("serialize", "files.writer", "serialize_stripped"),
+    ("write", "files.writer", "write_model"),
 )
 PHASE_NAMES = (*dict.fromkeys(name for name, _, _ in PHASES), "other")
 INTERVAL = 0.0005  # seconds between samples: 100+ samples on a 50 ms run
@@ -60,8 +60,8 @@ def _run_one(source: str, output: str) -> dict:
     from pyinstrument import Profiler
 
     from onnxfuse.api import optimize_file, select_rules
-    from onnxfuse.optimizer import Options
-    from onnxfuse.targets import load_target
+    from onnxfuse.passes.pipeline import Options
+    from onnxfuse.targets.capabilities import load_target
 
     rules, options = select_rules(), Options(target=load_target("cpu"))
     # onnx's schema registry is set up on its first use (~20 ms): by a load that parses
@@ -92,29 +92,30 @@ def _walk(frame, phase: str, phases: Counter, hot: Counter) -> None:
 
 
 def _phase_of(frame) -> str | None:
-    module = Path(frame.file_path or "").stem
+    module = _module(frame).removeprefix("onnxfuse.")
     for name, phase_module, function in PHASES:
-        if frame.function == function and module == phase_module and _in_engine(frame):
+        if frame.function == function and module == phase_module:
             return name
     return None
 
 
-def _in_engine(frame) -> bool:
-    return "onnxfuse" in (frame.file_path or "") or "/engine/" in (frame.file_path or "")
-
-
-def _name(frame) -> str:
+def _module(frame) -> str:
+    """The module a frame's file is, as it is imported."""
     path = Path(frame.file_path or "?")
     module = path.stem
     for parent in path.parents:  # the package a file belongs to, as it is imported
-        if parent.name in ("engine", "onnxfuse"):
+        if parent.name == "onnxfuse":
             module = "onnxfuse." + ".".join(path.relative_to(parent).with_suffix("").parts)
             break
         if parent.name == "site-packages":
             module = ".".join(path.relative_to(parent).with_suffix("").parts)
             break
+    return module
+
+
+def _name(frame) -> str:
     owner = f"{frame.class_name}." if frame.class_name else ""
-    return f"{module}:{owner}{frame.function}"
+    return f"{_module(frame)}:{owner}{frame.function}"
 
 
 # -- all runs of one model ---------------------------------------------------------------

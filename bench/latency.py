@@ -17,7 +17,7 @@ these variants run in one process:
 | fuse-all       | `onnxfuse optimize --target cpu`             | ORT_ENABLE_ALL                  |
 | block-none     | `onnxfuse optimize --target cpu:block=auto`  | ORT_DISABLE_ALL                 |
 
-(`block-none` only where that target exists: `onnxfuse.targets.load_target` accepts it.)
+(`block-none` only where that target exists: `onnxfuse.load_target` accepts it.)
 Every variant's outputs are first compared with the original's at ORT_DISABLE_ALL, at the
 tolerance of tests/test_exports.py (1e-4 relative, 1e-5 absolute); a variant that differs
 is still timed but marked, one that fails to optimize or load is not timed. Then W warm-up
@@ -87,7 +87,7 @@ class Variant:
 
 def block_target_available() -> bool:
     from onnxfuse.errors import OnnxfuseError
-    from onnxfuse.targets import load_target
+    from onnxfuse.targets.capabilities import load_target
 
     try:
         load_target(BLOCK_TARGET)

@@ -56,8 +56,8 @@ from peer_parity import KNOWN_GAPS, parity_failures  # noqa: E402
 
 from onnxfuse.api import optimize_file, select_rules  # noqa: E402
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
-from onnxfuse.optimizer import Options  # noqa: E402
-from onnxfuse.targets import load_target  # noqa: E402
+from onnxfuse.passes.pipeline import Options  # noqa: E402
+from onnxfuse.targets.capabilities import load_target  # noqa: E402
 
 PEER_DIR = ROOT / "tests" / "data" / "ort-fusion"
 SHORT = {

@@ -24,7 +24,7 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse.model_io import load_model
+from onnxfuse.files.model_io import load_model
 from onnxfuse.planner import check_plan, plan_model, verify_plan
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -76,8 +76,8 @@ NODES_PER_BLOCK = 51  # about; the tables print exact counts
 def _run_one(tool: str, source: str, output: str, heads: int, hidden: int, kind: str) -> dict:
     if tool == "onnxfuse":
         from onnxfuse.api import optimize_file, select_rules
-        from onnxfuse.optimizer import Options
-        from onnxfuse.targets import load_target
+        from onnxfuse.passes.pipeline import Options
+        from onnxfuse.targets.capabilities import load_target
 
         rules, options = select_rules(), Options(target=load_target("cpu"))
         # onnx's schema registry is set up on its first use (~20 ms); onnxscript's import
@@ -283,11 +283,11 @@ ir.save(model, sys.argv[2])
 _PHASES_COMMAND = """
 import json, sys, time
 started = time.perf_counter()
-from onnxfuse.deferred_imports import defer_unused_imports
+from onnxfuse.support.deferred_imports import defer_unused_imports
 defer_unused_imports()
 from onnxfuse.api import optimize_file, select_rules
-from onnxfuse.optimizer import Options
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options
+from onnxfuse.targets.capabilities import load_target
 imported = time.perf_counter()
 rules = select_rules()
 loaded = time.perf_counter()

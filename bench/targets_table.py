@@ -31,9 +31,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.api import sample_model_path, select_rules
-from onnxfuse.model_io import check_model, load_model
-from onnxfuse.optimizer import Options, optimize
-from onnxfuse.targets import builtin_target_names, load_target
+from onnxfuse.files.model_io import check_model, load_model
+from onnxfuse.passes.pipeline import Options, optimize
+from onnxfuse.targets.capabilities import builtin_target_names, load_target
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "targets.md"

@@ -124,7 +124,7 @@ class _Progress:
 def _graphs(args, parser, command: str) -> int:
     from fuzz import graph_runner
     from onnxfuse.errors import OnnxfuseError
-    from onnxfuse.targets import builtin_target_names, load_target
+    from onnxfuse.targets.capabilities import builtin_target_names, load_target
 
     # By default cpu and onnx (onnxruntime's own kernels, standard ops only), as
     # before there were other targets; `--target all` takes every built-in one.

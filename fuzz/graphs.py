@@ -62,7 +62,7 @@ def elem_type(dtype: np.dtype) -> int:
 @functools.cache
 def _ort_types(op: str, opset: int) -> frozenset[str] | None:
     """Element types onnxruntime's CPU provider runs ``op`` with at ``opset``."""
-    from onnxfuse.targets import load_target
+    from onnxfuse.targets.capabilities import load_target
 
     target = load_target("cpu")
     for support in target.ops.get(("", op), ()):

@@ -56,7 +56,7 @@ def builtin_rules() -> tuple:
 
 @functools.cache
 def target(name: str):
-    from onnxfuse.targets import load_target
+    from onnxfuse.targets.capabilities import load_target
 
     return load_target(name)
 
@@ -324,7 +324,7 @@ def validate(model: onnx.ModelProto, feed_sets) -> Original | Outcome:
 def check(original: Original, target_name: str, rules: Sequence | None = None) -> Outcome:
     """Optimize for ``target_name`` with ``rules`` (default: the built-in packs); compare."""
     from onnxfuse.errors import OnnxfuseError
-    from onnxfuse.optimizer import Options, optimize
+    from onnxfuse.passes.pipeline import Options, optimize
 
     rules = list(builtin_rules() if rules is None else rules)
     model = ir.from_proto(original.model)
@@ -351,7 +351,7 @@ def _check_result(
 ) -> Outcome:
     """The optimized model must pass the checker, keep its interface and match numerically."""
     from onnxfuse.errors import OnnxfuseError
-    from onnxfuse.model_io import check_model
+    from onnxfuse.files.model_io import check_model
 
     try:
         check_model(model)

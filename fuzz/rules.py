@@ -730,7 +730,7 @@ def _apply_rule(rule) -> int:
     """Optimize zoo models that contain the rule's anchor op; 1 if it ran on any."""
     import onnx_ir as ir
 
-    from onnxfuse.optimizer import Options, optimize
+    from onnxfuse.passes.pipeline import Options, optimize
 
     ran = 0
     for proto, ops in zoo():

@@ -106,8 +106,8 @@ def rules_from_text(text: str, path: str = "test.yaml"):
 
 def optimize_proto(model: onnx.ModelProto, rules, **options):
     """Optimize a copy of ``model``; return (report, optimized proto)."""
-    from onnxfuse.model_io import check_model
-    from onnxfuse.optimizer import Options, optimize
+    from onnxfuse.files.model_io import check_model
+    from onnxfuse.passes.pipeline import Options, optimize
 
     ir_model = to_ir(model)
     report = optimize(ir_model, list(rules), Options(**options))

@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from onnxfuse.check_directory import check_by_path
+from onnxfuse.files.check_directory import check_by_path
 
 PLACEHOLDER = "placeholder-for-test"
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import assert_same_outputs, make_model, relu_relu_rule, tensor_input
 from onnx import helper, numpy_helper
 
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from onnxfuse.errors import InvariantError
 
 X = [2, 3, 4]
@@ -486,7 +486,7 @@ def test_report_json_never_replaces_the_input(relu_model, tmp_path):
 
 
 def test_a_failed_check_leaves_an_earlier_external_output_whole(tmp_path, monkeypatch):
-    from onnxfuse import model_io
+    from onnxfuse.files import model_io
 
     source = _external_model(tmp_path / "src.onnx", "src.onnx.data")
     out = tmp_path / "out"

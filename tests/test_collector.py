@@ -12,7 +12,7 @@ import pytest
 import onnxfuse.api as api
 from onnxfuse.api import optimize_file, sample_model_path, select_rules
 from onnxfuse.errors import ModelError
-from onnxfuse.language.heap import collector_paused
+from onnxfuse.support.heap import collector_paused
 
 RULES = select_rules()
 

@@ -1,4 +1,4 @@
-"""The command line imports sympy only if something reads it (onnxfuse.deferred_imports).
+"""The command line imports sympy only if something reads it (onnxfuse.support.deferred_imports).
 
 Each case runs in a fresh interpreter: deferring only works before onnx_ir is imported.
 """
@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from onnxfuse.sample_model import DEFAULT_PATH as SAMPLE_MODEL
 
 
@@ -27,9 +27,9 @@ def test_optimizing_leaves_sympy_unimported_and_it_works_once_read(tmp_path: Pat
     found = _run_python(
         f"""
         import json, sys
-        from onnxfuse.deferred_imports import defer_unused_imports
+        from onnxfuse.support.deferred_imports import defer_unused_imports
         deferred = defer_unused_imports()
-        from onnxfuse.cli import main
+        from onnxfuse.cli.main import main
         code = main(["optimize", {str(SAMPLE_MODEL)!r}, "-o", {str(tmp_path / "out.onnx")!r}, "-q"])
         loaded_while_optimizing = "sympy.core" in sys.modules
         import onnx_ir as ir
@@ -62,7 +62,7 @@ def test_nothing_is_deferred_once_sympy_or_onnx_ir_is_imported() -> None:
             f"""
             import json, sys
             import {first}
-            from onnxfuse.deferred_imports import defer_unused_imports
+            from onnxfuse.support.deferred_imports import defer_unused_imports
             print(json.dumps({{
                 "deferred": defer_unused_imports(),
                 "real": type(sys.modules["sympy"]).__name__,
@@ -76,7 +76,7 @@ def test_finding_a_submodule_does_not_import_its_package() -> None:
     found = _run_python(
         """
         import json, sys
-        from onnxfuse.deferred_imports import _find_without_importing
+        from onnxfuse.support.deferred_imports import _find_without_importing
         spec = _find_without_importing("onnx_ir._symbolic_shapes")
         missing = _find_without_importing("onnx_ir._no_such_module")
         print(json.dumps({

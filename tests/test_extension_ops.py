@@ -22,17 +22,17 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.api import optimize_file
 from onnxfuse.errors import InvariantError, ModelError
-from onnxfuse.extension_ops import (
+from onnxfuse.files.model_io import check_model, load_model, save_model
+from onnxfuse.ops import schemas
+from onnxfuse.ops.extension import (
     PRIVATE_DOMAIN,
     accepted,
     checker_view,
     extension_schema,
     is_extension,
 )
-from onnxfuse.language import schemas
-from onnxfuse.model_io import check_model, load_model, save_model
-from onnxfuse.optimizer import Options, normalize
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options, normalize
+from onnxfuse.targets.capabilities import load_target
 
 CPU = load_target("cpu")
 ONNX = load_target("onnx")

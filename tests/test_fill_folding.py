@@ -20,10 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
 
-from onnxfuse import folding_uniform, spill
-from onnxfuse.folding import FoldContext, Folder
-from onnxfuse.naming import NameSource
-from onnxfuse.spill import FillTensor
+from onnxfuse.fold import spill
+from onnxfuse.fold import uniform as folding_uniform
+from onnxfuse.fold.folder import FoldContext, Folder
+from onnxfuse.fold.spill import FillTensor
+from onnxfuse.graph.names import NameSource
 
 FLOATS = [np.float16, np.float32, np.float64]
 INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
@@ -409,9 +410,9 @@ LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 @pytest.mark.skipif(not (LIGHT / "light_resnet50.onnx").exists(), reason="onnx test data")
 def test_light_resnet50_conv_bn_weights_stay_fills(tmp_path):
     from onnxfuse.api import optimize_file, select_rules
-    from onnxfuse.model_io import load_model, save_model
-    from onnxfuse.optimizer import Options, optimize
-    from onnxfuse.targets import load_target
+    from onnxfuse.files.model_io import load_model, save_model
+    from onnxfuse.passes.pipeline import Options, optimize
+    from onnxfuse.targets.capabilities import load_target
 
     source = LIGHT / "light_resnet50.onnx"
     rules, options = select_rules(), Options(target=load_target("cpu"))

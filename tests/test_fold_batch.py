@@ -10,8 +10,8 @@ import onnx_ir.passes.common as common_passes
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onnxfuse.folding import FoldContext, Folder
-from onnxfuse.naming import NameSource
+from onnxfuse.fold.folder import FoldContext, Folder
+from onnxfuse.graph.names import NameSource
 
 OPS = {"Add": 2, "Mul": 2, "Sub": 2, "Neg": 1, "Abs": 1}
 

@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
 
 from fuzz import corpus, graph_runner  # noqa: E402
 from fuzz import rules as rule_fuzzer  # noqa: E402
-from onnxfuse.cpu_features import detect_block_size  # noqa: E402
+from onnxfuse.targets.cpu_features import detect_block_size  # noqa: E402
 
 ENTRIES = corpus.entries()
 

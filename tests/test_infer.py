@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import pytest
 
-from onnxfuse.infer import infer_node, schema_dtypes
+from onnxfuse.ops.inference import infer_node, schema_dtypes
 
 F, I64, B, F16 = ir.DataType.FLOAT, ir.DataType.INT64, ir.DataType.BOOL, ir.DataType.FLOAT16
 

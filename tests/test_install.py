@@ -105,7 +105,7 @@ def _installed_facts(venv: Path) -> dict:
         "import json, onnxfuse\n"
         "from onnxfuse import api\n"
         "from onnxfuse.language.packs import builtin_pack_names, builtin_rules_dir\n"
-        "from onnxfuse.targets import builtin_target_names, builtin_targets_dir\n"
+        "from onnxfuse.targets.capabilities import builtin_target_names, builtin_targets_dir\n"
         "print(json.dumps({'file': onnxfuse.__file__, 'packs': builtin_pack_names(),\n"
         "    'rules_dir': str(builtin_rules_dir()), 'targets': builtin_target_names(),\n"
         "    'targets_dir': str(builtin_targets_dir()),\n"

@@ -127,7 +127,7 @@ def test_domain_is_part_of_the_op():
 
     import onnx_ir as ir
 
-    from onnxfuse.optimizer import optimize
+    from onnxfuse.passes.pipeline import optimize
 
     rules = rules_from_text(DOMAIN_RULE)
     matching = ir.from_proto(model_in("vendor.acme"))
@@ -351,7 +351,7 @@ def test_declared_commutative_op(commutative, expected):
     model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
     import onnx_ir as ir
 
-    from onnxfuse.optimizer import optimize
+    from onnxfuse.passes.pipeline import optimize
 
     report = optimize(ir.from_proto(model), rules_from_text(text))
     assert report.rules["pair-swap-free"].applied == expected
@@ -797,7 +797,7 @@ def test_new_domain_adds_opset_import_and_runs():
 
 
 def test_target_capability_gates_rules():
-    from onnxfuse.targets import load_target
+    from onnxfuse.targets.capabilities import load_target
 
     model = unary_chain("Gelu", opset=20)
     report, _ = optimize_proto(model, rules_from_text(COM_MICROSOFT), target=load_target("onnx"))
@@ -1234,7 +1234,7 @@ def test_op_set_member_fires_and_keeps_its_attributes(op, attributes):
 
 
 def test_op_set_gates_each_member_on_the_target():
-    from onnxfuse.targets import load_target
+    from onnxfuse.targets.capabilities import load_target
 
     rules = rules_from_text(OP_SET)
     model = _transposed("Gelu", domain="com.microsoft")
@@ -1309,7 +1309,7 @@ def test_op_set_checks_each_member_against_its_schema():
 
 
 def test_check_takes_an_op_set_family_name(tmp_path, capsys):
-    from onnxfuse.cli import main
+    from onnxfuse.cli.main import main
 
     verify = """    verify:
       dtypes: [float32]

@@ -27,8 +27,8 @@ from exports.anchors import RTOL, count_nodes, run, session, worst_error
 from exports.export import ALL_EXPORTS, get_export
 
 from onnxfuse.api import optimize_file, select_rules
-from onnxfuse.optimizer import Options
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options
+from onnxfuse.targets.capabilities import load_target
 
 pytestmark = pytest.mark.slow
 

@@ -14,12 +14,13 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxfuse import model_io, model_writer
 from onnxfuse.api import optimize_file, select_rules
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from onnxfuse.errors import ModelError
-from onnxfuse.model_io import load_model, save_model
-from onnxfuse.source_weights import LAZY_MIN_BYTES, SourceTensor
+from onnxfuse.files import model_io
+from onnxfuse.files import writer as model_writer
+from onnxfuse.files.model_io import load_model, save_model
+from onnxfuse.files.source_weights import LAZY_MIN_BYTES, SourceTensor
 
 BIG = LAZY_MIN_BYTES // 4 + 5  # float32 elements: above the lazy size
 RNG = np.random.default_rng(3)

@@ -15,9 +15,10 @@ from helpers import relu_relu_rule
 
 from onnxfuse import api
 from onnxfuse.errors import RuleError
-from onnxfuse.language import load_cache, packs
+from onnxfuse.language import packs
 from onnxfuse.language.guards import parse_guard
-from onnxfuse.targets import load_target
+from onnxfuse.support import load_cache
+from onnxfuse.targets.capabilities import load_target
 
 RULE = relu_relu_rule("relu-relu", "Relu of a Relu is the inner Relu.")
 
@@ -326,7 +327,7 @@ def test_a_load_from_the_cache_imports_no_yaml_parser(cache):
     script = (
         "import json, sys\n"
         "from onnxfuse.api import select_rules\n"
-        "from onnxfuse.targets import load_target\n"
+        "from onnxfuse.targets.capabilities import load_target\n"
         "rules, target = select_rules(), load_target('cpu')\n"
         "print(json.dumps([len(rules), 'yaml' in sys.modules]))\n"
     )

@@ -11,9 +11,9 @@ from helpers import make_model, tensor_input
 from onnx import helper, numpy_helper
 
 from onnxfuse.api import sample_model_path, select_rules
-from onnxfuse.model_io import load_model, load_model_and_types, save_model
-from onnxfuse.optimizer import Options, optimize
-from onnxfuse.targets import load_target
+from onnxfuse.files.model_io import load_model, load_model_and_types, save_model
+from onnxfuse.passes.pipeline import Options, optimize
+from onnxfuse.targets.capabilities import load_target
 
 RULES = select_rules()
 

@@ -15,14 +15,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.api import sample_model_path
 from onnxfuse.errors import ModelError
-from onnxfuse.folding import FoldContext, Folder
-from onnxfuse.folding_numpy import numpy_result
-from onnxfuse.model_io import load_model, save_model
-from onnxfuse.model_writer import DIRECT_MIN_BYTES, SOURCE_META, write_model
-from onnxfuse.naming import NameSource
-from onnxfuse.optimizer import normalize
-from onnxfuse.source_weights import SourceTensor
-from onnxfuse.spill import FillTensor
+from onnxfuse.files.model_io import load_model, save_model
+from onnxfuse.files.source_weights import SourceTensor
+from onnxfuse.files.writer import DIRECT_MIN_BYTES, SOURCE_META, write_model
+from onnxfuse.fold.folder import FoldContext, Folder
+from onnxfuse.fold.numpy_ops import numpy_result
+from onnxfuse.fold.spill import FillTensor
+from onnxfuse.graph.names import NameSource
+from onnxfuse.passes.pipeline import normalize
 
 BIG = DIRECT_MIN_BYTES // 4 + 7  # float32 elements: above the direct-write size
 

@@ -21,13 +21,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse import api
-from onnxfuse.cli import main
-from onnxfuse.cpu_features import block_size_for_flags, detect_block_size
+from onnxfuse.cli.main import main
 from onnxfuse.errors import OnnxfuseError, RuleError
 from onnxfuse.language.packs import read_manifest
-from onnxfuse.optimizer import Options, optimize
-from onnxfuse.target_params import BLOCK_SIZE_METADATA, parse_params, split_spec
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options, optimize
+from onnxfuse.targets.capabilities import load_target
+from onnxfuse.targets.cpu_features import block_size_for_flags, detect_block_size
+from onnxfuse.targets.params import BLOCK_SIZE_METADATA, parse_params, split_spec
 
 NCHWC = "com.microsoft.nchwc"
 # The block size onnxruntime's NCHWc kernels use here; None: this CPU has none.
@@ -475,7 +475,7 @@ def test_rule_does_not_fire_without_a_block_size(rule):
 
 
 def test_proofs_run_at_this_machines_block_size_and_are_skipped_without_one(monkeypatch, capsys):
-    import onnxfuse.target_params as target_params
+    import onnxfuse.targets.params as target_params
     from onnxfuse.proof.check import check_rule, unavailable_here, with_domain_params
     from onnxfuse.proof.domain import parse_domain
 

@@ -27,10 +27,10 @@ from exports.export import get_export
 from exports.models import CNN_NAMES, MODELS_BY_NAME
 
 from onnxfuse import api
-from onnxfuse.cpu_features import detect_block_size
-from onnxfuse.optimizer import Options
-from onnxfuse.target_params import BLOCK_SIZE_METADATA
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options
+from onnxfuse.targets.capabilities import load_target
+from onnxfuse.targets.cpu_features import detect_block_size
+from onnxfuse.targets.params import BLOCK_SIZE_METADATA
 
 BLOCK = detect_block_size()
 pytestmark = [

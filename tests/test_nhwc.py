@@ -18,7 +18,7 @@ from onnxfuse.language.packs import load_builtin_packs, resolve_packs
 from onnxfuse.language.yaml_lines import load_yaml
 from onnxfuse.proof.check import check_rule
 from onnxfuse.proof.reference_ops import reference_functions, with_reference_definitions
-from onnxfuse.targets import TargetError, load_target, parse_target
+from onnxfuse.targets.capabilities import TargetError, load_target, parse_target
 
 OPSET = 17
 

@@ -27,9 +27,9 @@ from exports.export import get_export
 from exports.models import CNN_NAMES, MODELS_BY_NAME
 
 from onnxfuse import api
-from onnxfuse.optimizer import Options
+from onnxfuse.passes.pipeline import Options
 from onnxfuse.proof.reference_ops import with_reference_definitions
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 
 from onnxfuse import api
 from onnxfuse.proof.reference_ops import with_reference_definitions
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 RNG = np.random.default_rng(3)
 

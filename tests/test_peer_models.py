@@ -25,8 +25,8 @@ from peer_parity import KNOWN_GAPS, op_histogram, parity_failures
 
 from onnxfuse.api import optimize_file, select_rules
 from onnxfuse.errors import ModelError
-from onnxfuse.optimizer import Options
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options
+from onnxfuse.targets.capabilities import load_target
 
 DATA = Path(__file__).parent / "data" / "ort-fusion"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())

@@ -15,11 +15,13 @@ import pytest
 from helpers import assert_same_outputs, make_model, tensor_input
 from onnx import helper, numpy_helper
 
-from onnxfuse import api, check_directory, model_io, spill
+from onnxfuse import api
 from onnxfuse.api import optimize_file, select_rules
 from onnxfuse.errors import ModelError
-from onnxfuse.model_io import CHECK_PLACEHOLDER, load_model
-from onnxfuse.optimizer import normalize
+from onnxfuse.files import check_directory, model_io
+from onnxfuse.files.model_io import CHECK_PLACEHOLDER, load_model
+from onnxfuse.fold import spill
+from onnxfuse.passes.pipeline import normalize
 
 HIDDEN = 512  # one weight is 1 MiB: the packed Q/K/V (3 MiB) and W_o^T (1 MiB) spill
 

@@ -9,15 +9,15 @@ import pytest
 import yaml
 
 from onnxfuse.errors import OnnxfuseError
-from onnxfuse.targets import (
+from onnxfuse.targets.capabilities import (
     Limits,
     builtin_target_names,
     builtin_targets_dir,
     load_target,
 )
-from onnxfuse.targets_facts import NodeFacts, ValueFacts
-from onnxfuse.targets_gen import all_targets, dump, onnx_target
-from onnxfuse.targets_gen_sources import PROVIDERS, SOURCES, builder_range, short_type
+from onnxfuse.targets.facts import NodeFacts, ValueFacts
+from onnxfuse.targets.generator.generate import GENERATED_BY, all_targets, dump, onnx_target
+from onnxfuse.targets.generator.sources import PROVIDERS, SOURCES, builder_range, short_type
 
 REPO = Path(__file__).resolve().parent.parent
 NEW_TARGETS = [p.name for p in PROVIDERS]
@@ -26,7 +26,7 @@ NEW_TARGETS = [p.name for p in PROVIDERS]
 def test_cpu_target_agrees_with_the_installed_onnxruntime(generated):
     """Its kernel registry, and the function ops its sessions inline (test_targets_functions)."""
     committed = (builtin_targets_dir() / "cpu.yaml").read_text(encoding="utf-8")
-    assert committed == generated["cpu"], "regenerate with: python -m onnxfuse.targets_gen"
+    assert committed == generated["cpu"], f"regenerate with: {GENERATED_BY}"
 
 
 def test_onnx_target_is_generated():
@@ -42,7 +42,7 @@ def generated() -> dict[str, str]:
 @pytest.mark.parametrize("name", NEW_TARGETS)
 def test_committed_target_is_what_the_generator_writes(name, generated):
     committed = (builtin_targets_dir() / f"{name}.yaml").read_text(encoding="utf-8")
-    assert committed == generated[name], "regenerate with: python -m onnxfuse.targets_gen"
+    assert committed == generated[name], f"regenerate with: {GENERATED_BY}"
 
 
 def test_every_builtin_target_is_present():

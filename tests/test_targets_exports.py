@@ -16,10 +16,10 @@ from helpers import run
 from test_targets_peer_models import unsupported_created_nodes
 
 from onnxfuse.api import select_rules
-from onnxfuse.model_io import check_model, load_model
-from onnxfuse.naming import all_graphs
-from onnxfuse.optimizer import Options, optimize
-from onnxfuse.targets import builtin_target_names, load_target
+from onnxfuse.files.model_io import check_model, load_model
+from onnxfuse.graph.names import all_graphs
+from onnxfuse.passes.pipeline import Options, optimize
+from onnxfuse.targets.capabilities import builtin_target_names, load_target
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

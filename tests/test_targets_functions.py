@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from onnxfuse.targets import load_target
-from onnxfuse.targets_facts import NodeFacts, ValueFacts
+from onnxfuse.targets.capabilities import load_target
+from onnxfuse.targets.facts import NodeFacts, ValueFacts
 
 FUNCTION_NOTE = "no kernel for these types"
 

@@ -17,11 +17,11 @@ from helpers import assert_close, random_feeds, rules_from_text, run
 from onnx import helper, numpy_helper
 
 from onnxfuse.api import select_rules
-from onnxfuse.matcher import Matcher, ModelContext
-from onnxfuse.model_io import check_model
-from onnxfuse.optimizer import Options, normalize, op_histogram, optimize
-from onnxfuse.targets import load_target
-from onnxfuse.targets_facts import created_nodes
+from onnxfuse.files.model_io import check_model
+from onnxfuse.passes.pipeline import Options, normalize, op_histogram, optimize
+from onnxfuse.rewrite.matcher import Matcher, ModelContext
+from onnxfuse.targets.capabilities import load_target
+from onnxfuse.targets.facts import created_nodes
 
 F32, F16 = np.float32, np.float16
 

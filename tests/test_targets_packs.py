@@ -13,11 +13,11 @@ from helpers import make_model, tensor_input
 from onnx import helper, numpy_helper
 
 from onnxfuse.api import select_rules
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.language.packs import read_manifest
-from onnxfuse.optimizer import Options, op_histogram, optimize
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options, op_histogram, optimize
+from onnxfuse.targets.capabilities import load_target
 
 VENDOR_TARGET = """\
 name: acme-npu

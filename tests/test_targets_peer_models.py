@@ -31,11 +31,11 @@ from helpers import assert_close, random_feeds, run
 
 from onnxfuse.api import select_rules
 from onnxfuse.errors import ModelError
-from onnxfuse.model_io import check_model, load_model
-from onnxfuse.naming import all_graphs
-from onnxfuse.optimizer import Options, optimize
-from onnxfuse.targets import builtin_target_names, load_target
-from onnxfuse.targets_facts import NodeFacts, value_facts
+from onnxfuse.files.model_io import check_model, load_model
+from onnxfuse.graph.names import all_graphs
+from onnxfuse.passes.pipeline import Options, optimize
+from onnxfuse.targets.capabilities import builtin_target_names, load_target
+from onnxfuse.targets.facts import NodeFacts, value_facts
 
 DATA = Path(__file__).parent / "data" / "ort-fusion"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())

@@ -126,8 +126,8 @@ def quiet():
 
 def _run_onnxfuse(source: Path, out: Path, spec, rules) -> str:
     from onnxfuse.api import optimize_file
-    from onnxfuse.optimizer import Options
-    from onnxfuse.targets import load_target
+    from onnxfuse.passes.pipeline import Options
+    from onnxfuse.targets.capabilities import load_target
 
     optimize_file(source, out, rules, Options(target=load_target("cpu")))
     return ""

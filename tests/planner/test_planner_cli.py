@@ -13,8 +13,8 @@ import onnx
 from onnx import helper
 from planner_graphs import LIGHT, make_model, tensor
 
-from onnxfuse.cli import main
-from onnxfuse.model_io import load_model, save_model
+from onnxfuse.cli.main import main
+from onnxfuse.files.model_io import load_model, save_model
 from onnxfuse.planner import METADATA_KEY, check_plan, read_embedded_plan
 
 SQUEEZENET = str(LIGHT / "light_squeezenet.onnx")

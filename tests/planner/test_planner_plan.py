@@ -17,7 +17,7 @@ from planner_graphs import (
 )
 
 from onnxfuse.errors import ModelError
-from onnxfuse.model_io import load_model
+from onnxfuse.files.model_io import load_model
 from onnxfuse.planner import Plan, check_plan, plan_model
 
 

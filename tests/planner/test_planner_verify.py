@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from planner_graphs import LIGHT, if_model, loop_model
 
-from onnxfuse.model_io import load_model
+from onnxfuse.files.model_io import load_model
 from onnxfuse.planner import ArenaExecutor, check_plan, plan_model, verify_plan
 from onnxfuse.planner.arena_executor import random_feeds
 

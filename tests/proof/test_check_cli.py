@@ -13,7 +13,7 @@ import onnx
 import pytest
 from conftest import REPO_ROOT
 
-from onnxfuse.cli import main
+from onnxfuse.cli.main import main
 
 WRONG_RULE = REPO_ROOT / "docs" / "examples" / "wrong-rule.yaml"
 

@@ -31,7 +31,7 @@ from onnxfuse.proof.expr import ExprError, parse_expr
 from onnxfuse.proof.instance import build_model, generate, make_feeds, random_array
 from onnxfuse.proof.negatives import Mutation
 from onnxfuse.proof.runtime import compare
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 
 def rule_with(verify: str):

@@ -35,7 +35,7 @@ from onnxfuse.proof.check import (
     unavailable_here,
 )
 from onnxfuse.proof.domain import parse_domain
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 PACK_DIRS = sorted(
     p for p in (REPO_ROOT / "rules").iterdir() if p.is_dir() and any(p.glob("*.yaml"))

@@ -13,7 +13,7 @@ from helpers import assert_close, make_model, optimize_proto, run, tensor_input
 from onnx import helper, numpy_helper
 
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 RULE = "ort-attention-gpt2"
 RULES = {rule.name: rule for rule in load_builtin_rules(["ort", "core"])}

@@ -25,8 +25,8 @@ from exports.anchors import session, worst_error
 from exports.export import export_by_name
 
 from onnxfuse.api import optimize_file, select_rules
-from onnxfuse.optimizer import Options
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options
+from onnxfuse.targets.capabilities import load_target
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from helpers import make_model, optimize_proto, run, tensor_input
 from onnx import TensorProto, numpy_helper
 
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 FINITE, INF = "ort-attention-sdpa", "ort-attention-sdpa-inf-mask"
 RULES = {rule.name: rule for rule in load_builtin_rules(["ort", "core"])}

@@ -19,9 +19,9 @@ from onnx import TensorProto, helper
 
 from onnxfuse.api import optimize_file, select_rules
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.optimizer import Options
+from onnxfuse.passes.pipeline import Options
 from onnxfuse.proof.reference_ops import with_reference_definitions
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 PEERS = Path(__file__).parent.parent / "data" / "ort-fusion"
 RULE = [r for r in load_builtin_rules(["ort"]) if r.name == "ort-bias-softmax"]

@@ -21,7 +21,7 @@ from helpers import assert_same_outputs, make_model, optimize_proto, run, tensor
 from onnx import numpy_helper
 
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 I64 = np.int64
 INT64_MAX = np.iinfo(I64).max

@@ -24,7 +24,7 @@ from helpers import assert_close, make_model, op_types, optimize_proto, run, ten
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.api import select_rules
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 HIDDEN = 256
 EPS = 1e-5

@@ -24,9 +24,9 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxfuse.errors import RuleError
-from onnxfuse.language import schemas
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.targets import load_target
+from onnxfuse.ops import schemas
+from onnxfuse.targets.capabilities import load_target
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "ort-fusion"
 MANIFEST = {e["model"][:-5]: e for e in json.loads((DATA / "manifest.json").read_text())}

@@ -18,7 +18,7 @@ from helpers import assert_close, make_model, optimize_proto, run, tensor_input
 from onnx import TensorProto, numpy_helper
 
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 MHA, PACK = "ort-mha-bias2", "ort-attention-from-mha"
 RULES = {rule.name: rule for rule in load_builtin_rules(["ort"])}
@@ -227,7 +227,7 @@ def test_t5_encoder_decoder_export_fuses_every_attention(tmp_path):
     from exports.export import export_by_name
 
     from onnxfuse.api import optimize_file, select_rules
-    from onnxfuse.optimizer import Options
+    from onnxfuse.passes.pipeline import Options
 
     export = export_by_name("t5-seq2seq-dynamo18")
     out = tmp_path / "fused.onnx"

@@ -8,7 +8,7 @@ from core_pack_support import as_arrays, build, node, special_feeds
 from helpers import assert_close, optimize_proto, run
 
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 RULES = {rule.name: rule for rule in load_builtin_rules(["ort"])}
 F32 = np.float32

@@ -18,10 +18,10 @@ from helpers import assert_close, random_feeds, run
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse.api import optimize_file, select_rules
+from onnxfuse.files.model_io import check_model
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.model_io import check_model
-from onnxfuse.optimizer import Options, optimize
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options, optimize
+from onnxfuse.targets.capabilities import load_target
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ort-fusion"
 MANIFEST = {e["model"]: e for e in json.loads((DATA / "manifest.json").read_text())}

@@ -13,7 +13,7 @@ from helpers import make_model, optimize_proto, run, tensor_input
 from onnx import numpy_helper
 
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 RULE, ONNX_RULE = "ort-rotary-embedding", "onnx-rotary-embedding"
 RULES = {rule.name: rule for rule in load_builtin_rules(["ort", "onnx", "core"])}

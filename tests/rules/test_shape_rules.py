@@ -26,8 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxfuse.api import optimize_file, select_rules
 from onnxfuse.language import symbolic
 from onnxfuse.language.guards import constant_tensor
-from onnxfuse.optimizer import Options
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options
+from onnxfuse.targets.capabilities import load_target
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ort-fusion"
 MANIFEST = {e["model"]: e for e in json.loads((DATA / "manifest.json").read_text())}

@@ -12,7 +12,7 @@ from helpers import assert_close, make_model, optimize_proto, random_feeds, run,
 from onnx import numpy_helper
 
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.targets import load_target
+from onnxfuse.targets.capabilities import load_target
 
 RULES = {rule.name: rule for rule in load_builtin_rules(["ort", "core"])}
 FOLD, FOLD_SUM = "ort-skip-layer-norm-fold-bias", "ort-skip-layer-norm-fold-bias-sum"

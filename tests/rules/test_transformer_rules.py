@@ -13,8 +13,8 @@ from helpers import assert_close, optimize_proto, random_feeds, run
 
 from onnxfuse.api import optimize_file, select_rules
 from onnxfuse.language.packs import load_builtin_rules
-from onnxfuse.optimizer import Options
-from onnxfuse.targets import load_target
+from onnxfuse.passes.pipeline import Options
+from onnxfuse.targets.capabilities import load_target
 
 RULES = {rule.name: rule for rule in load_builtin_rules(["ort", "onnx"])}
 F16, F32 = np.float16, np.float32

@@ -1,3 +1,0 @@
-from onnxfuse.cli import run
-
-run()

@@ -1,0 +1,3 @@
+from onnxfuse.cli.main import run
+
+run()

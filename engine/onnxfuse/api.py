@@ -1,0 +1,169 @@
+"""The Python API behind the command line."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import onnx_ir as ir
+
+from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
+from onnxfuse.files.input_files import INPUT_FILES_META
+from onnxfuse.files.model_io import check_model, load_model_and_types, save_model
+from onnxfuse.files.output_paths import check_output, model_file, refuse_overwriting
+from onnxfuse.fold.spill import spilling
+from onnxfuse.graph.names import all_graphs
+from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
+from onnxfuse.language.rule import Rule
+from onnxfuse.passes.pipeline import Options, Report, normalize, optimize
+from onnxfuse.rewrite.matcher import Matcher, ModelContext
+from onnxfuse.support.heap import long_lived_objects_frozen
+from onnxfuse.targets.capabilities import Target, resolve_target
+from onnxfuse.targets.params import BLOCK_SIZE_METADATA, NCHWC_DOMAIN
+
+
+def sample_model_path() -> Path:
+    """The small ResNet-style CNN shipped with the package."""
+    return Path(str(resources.files("onnxfuse") / "data" / "sample_resnet.onnx"))
+
+
+def select_rules(
+    extra: list[str | os.PathLike] | None = None,
+    disable: list[str] | None = None,
+    builtin: bool = True,
+    target: Target | str | None = None,
+) -> list[Rule]:
+    """Built-in packs, then the user's rule files and pack folders, minus disabled rules.
+
+    With a ``target`` (a Target, a target name or a capability file), pack
+    manifests apply: a pack for other targets is left out, and an active pack
+    drops the packs it ``replaces`` and brings in those it ``extends``.
+    """
+    packs = load_builtin_packs() if builtin else []
+    packs += load_packs(list(extra or []))
+    target_name = resolve_target(target).name if target is not None else None
+    rules = [rule for pack in resolve_packs(packs, target_name) for rule in pack.rules]
+    check_unique(rules)
+    if disable:
+        # An op-set family's name (transpose-unary) stands for all its members.
+        names = {r.name for r in rules} | {r.family for r in rules if r.family}
+        unknown = [d for d in disable if d not in names]
+        if unknown:
+            raise OnnxfuseError(f"--disable: no rule named {', '.join(unknown)}")
+        rules = [r for r in rules if r.name not in set(disable) and r.family not in set(disable)]
+    return rules
+
+
+def optimize_file(
+    source: str | os.PathLike,
+    output: str | os.PathLike | None,
+    rules: list[Rule],
+    options: Options | None = None,
+    also_writes: Sequence[str | os.PathLike] = (),
+) -> Report:
+    """Optimize a model file; write the result atomically (the input is never touched).
+    ``also_writes``: files the caller writes after (a report), refused like ``output``
+    if the input reads them."""
+    source = Path(source)
+    if output is not None:  # before the work; data files when saving
+        check_output(output)
+        refuse_overwriting([output], model_file(source))
+    target = options.target if options is not None else None
+    with long_lived_objects_frozen() as loaded:
+        model, inferred = load_model_and_types(source, target)
+        loaded()
+        refuse_overwriting(also_writes, model.meta.get(INPUT_FILES_META))  # before the work
+        # Large folded values wait on disk for the save (from 1 MiB with external weights).
+        with spilling(model):
+            # With an output, the last shape inference runs on the protobuf the save writes.
+            report = optimize(model, rules, options, inferred, final_inference=output is None)
+            record_layout_assumptions(model, target)
+            try:
+                _write_or_check(model, source, output, target)
+            except InvariantError as exc:  # a rule's target, or onnxfuse: say which rules ran
+                fired = ", ".join(sorted(n for n, s in report.rules.items() if s.applied))
+                raise InvariantError(f"{exc} (rules that fired: {fired or 'none'})") from None
+    return report
+
+
+def _write_or_check(
+    model: ir.Model, source: Path, output: str | os.PathLike | None, target: Target | None
+) -> None:
+    try:
+        if output is None:
+            check_model(model, target)
+        else:
+            save_model(model, output, target, infer=True)
+    except InvariantError as exc:
+        output_name = _declared_output_conflict(model, str(exc))
+        if output_name is not None:
+            raise ModelError(
+                f"{source}: graph output '{output_name}' is declared with a shape the graph "
+                f"does not compute (folding made it visible): {exc}"
+            ) from None
+        raise
+
+
+def record_layout_assumptions(model: ir.Model, target: Target | None) -> None:
+    """A model holding NCHWc ops runs correctly only at the block size it was laid out
+    for: record it in the metadata (``onnxfuse.nchwc_block_size``)."""
+    block = target.params.get("block") if target is not None else None
+    if block is None:
+        return
+    if any(node.domain == NCHWC_DOMAIN for graph in all_graphs(model) for node in graph):
+        model.metadata_props[BLOCK_SIZE_METADATA] = str(block)
+
+
+def _declared_output_conflict(model: ir.Model, message: str) -> str | None:
+    """The graph output whose declared shape or type the checker found wrong, if any."""
+    found = re.search(r"node name: ([^)]*)\)", message)
+    if found is None or "existing" not in message:
+        return None
+    for node in model.graph:
+        if node.name == found.group(1):
+            for output in node.outputs:
+                if output.is_graph_output():
+                    return output.name
+    return None
+
+
+@dataclass
+class Explanation:
+    node: str
+    op_type: str
+    graph: str
+    matched: bool
+    reason: str | None
+
+
+def explain(
+    model: ir.Model, rule: Rule, node_name: str | None = None, target: Target | None = None
+) -> list[Explanation]:
+    """For each node where ``rule`` could anchor, whether it matches and, if not, why."""
+    normalize(model)  # rules see the model as optimize does
+    context = ModelContext(model.ir_version or 10, dict(model.opset_imports))
+    matcher = Matcher(rule, context, target)
+    results = []
+    for graph in all_graphs(model):
+        for node in graph:
+            if node_name is not None and node.name != node_name:
+                continue
+            if node_name is None and (node.domain, node.op_type) not in rule.anchor_keys:
+                continue
+            match = matcher.match(node)
+            results.append(
+                Explanation(
+                    node=node.name or "<unnamed>",
+                    op_type=node.op_type,
+                    graph="" if graph is model.graph else (graph.name or "<subgraph>"),
+                    matched=match is not None,
+                    reason=None if match is not None else matcher.failure,
+                )
+            )
+    if node_name is not None and not results:
+        raise OnnxfuseError(f"no node named '{node_name}' in the model")
+    return results

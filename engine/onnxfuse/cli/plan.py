@@ -1,0 +1,122 @@
+"""`onnxfuse plan`: plan the arena of a model, check it, optionally verify and embed it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from onnxfuse.errors import OnnxfuseError
+from onnxfuse.planner.strategies import STRATEGIES
+
+if TYPE_CHECKING:
+    from onnxfuse.planner.plan import Plan
+
+
+def add_plan_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="place every intermediate tensor at an offset in one arena",
+        description=__doc__,
+    )
+    p.add_argument("model", metavar="IN", help="the ONNX model (never modified)")
+    p.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="bind a symbolic dim (repeatable)",
+    )
+    p.add_argument("--strategy", default="search", help=f"one of: {', '.join(STRATEGIES)}")
+    p.add_argument("--align", type=int, default=64, metavar="BYTES", help="default 64")
+    p.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan as JSON")
+    p.add_argument("--embed", metavar="OUT.onnx", help="write the model with the plan embedded")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="run the model inside the arena and compare with onnxruntime",
+    )
+    p.add_argument("--schedule", action="store_true", help="reorder nodes to lower the peak first")
+    p.add_argument("--no-inplace", action="store_true", help="no in-place reuse")
+    p.add_argument(
+        "--keep-constants",
+        action="store_true",
+        help="place values computed from constants only in the arena too",
+    )
+    p.set_defaults(handler=run_plan)
+
+
+def parse_dims(items: list[str]) -> dict[str, int]:
+    dims = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.strip().isdigit() or not 0 < int(value) < 2**63:
+            raise OnnxfuseError(f"--dim expects NAME=VALUE with a positive integer, not {item!r}")
+        dims[name] = int(value)
+    return dims
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    # Imported here: onnxruntime is slow to import and other commands do not need it.
+    from onnxfuse.files.input_files import INPUT_FILES_META
+    from onnxfuse.files.model_io import load_model, save_model
+    from onnxfuse.files.output_paths import check_distinct, check_output, refuse_overwriting
+    from onnxfuse.planner.arena_executor import verify_plan
+    from onnxfuse.planner.checker import check_plan
+    from onnxfuse.planner.embed import embed_plan
+    from onnxfuse.planner.plan import plan_model
+
+    dims = parse_dims(args.dim)
+    check_distinct({"-o": args.output, "--embed": args.embed})
+    outputs = [p for p in (args.output, args.embed) if p is not None]
+    for output in outputs:
+        check_output(output)
+    model = load_model(args.model)
+    inputs = model.meta.get(INPUT_FILES_META)
+    refuse_overwriting(outputs, inputs)
+    plan = plan_model(
+        model,
+        dims=dims,
+        strategy=args.strategy,
+        alignment=args.align,
+        inplace=not args.no_inplace,
+        schedule=args.schedule,
+        fold_constants=not args.keep_constants,
+    )
+    check_plan(plan, model)
+    print(summary(plan))
+    if args.output:
+        plan.write_json(args.output)
+    if args.embed:
+        embedded, _ = embed_plan(model, plan)
+        save_model(embedded, args.embed, inputs=inputs)
+    if args.verify:
+        result = verify_plan(model, plan)
+        diffs = json.dumps(result.max_abs_diff)
+        if not result.ok:
+            print(f"verify: MISMATCH on {', '.join(result.mismatched)} (max abs diff {diffs})")
+            return 1
+        print(f"verify: outputs match onnxruntime (max abs diff {diffs})")
+    return 0
+
+
+def summary(plan: Plan) -> str:
+    arena = plan.arena_bytes
+    lines = [
+        f"strategy {plan.strategy}, alignment {plan.alignment}, in-place {plan.inplace}, "
+        f"order {plan.schedule}, {len(plan.tensors)} tensors in {len(plan.steps)} steps",
+        f"arena        {arena:>14,} bytes",
+    ]
+    for label, value, ratio in (
+        ("lower bound", plan.lower_bound_bytes, "arena/bound"),
+        ("naive", plan.naive_bytes, "arena/naive"),
+        ("ort policy", plan.ort_policy_bytes, "arena/ort"),
+    ):
+        share = f"{arena / value:.4f}" if value else "n/a"
+        lines.append(f"{label:<12} {value:>14,} bytes  {ratio:<11} {share}")
+    if plan.schedule == "memory":
+        lines.append(
+            f"scheduling lowered the peak from {plan.graph_order_lower_bound_bytes:,} bytes "
+            f"to {plan.lower_bound_bytes:,}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""The terminal report of an optimization run."""
+
+from __future__ import annotations
+
+from onnxfuse.passes.pipeline import Report
+
+
+def format_report(report: Report, source: str, output: str | None) -> str:
+    lines = [f"onnxfuse optimize {source}"]
+    fired = [(name, s) for name, s in report.rules.items() if s.matched or s.applied]
+    if fired:
+        width = max(len(name) for name, _ in fired)
+        lines.append("")
+        lines.append(f"  {'rule':<{width}}  {'matched':>7}  {'applied':>7}  {'ms':>8}")
+        for name, stats in sorted(fired, key=lambda p: (-p[1].applied, p[0])):
+            lines.append(
+                f"  {name:<{width}}  {stats.matched:>7}  {stats.applied:>7}"
+                f"  {stats.seconds * 1000:>8.1f}"
+            )
+    else:
+        lines.append("  no rule fired")
+    lines.append("")
+    change = report.nodes_after - report.nodes_before
+    lines.append(
+        f"  nodes {report.nodes_before} -> {report.nodes_after} ({change:+d}), "
+        f"{report.rewrites} rewrites, {report.folded} constants folded, "
+        f"{report.iterations} iteration(s), {report.seconds:.3f} s"
+    )
+    before, after = report.ops_before, report.ops_after
+    changed_ops = sorted(op for op in set(before) | set(after) if before.get(op) != after.get(op))
+    if changed_ops:
+        lines.append(
+            "  ops: "
+            + ", ".join(f"{op} {before.get(op, 0)}->{after.get(op, 0)}" for op in changed_ops)
+        )
+    lines.append(f"  written to {output}" if output else "  (no -o given: nothing written)")
+    return "\n".join(lines)

@@ -1,0 +1,222 @@
+"""Applying a match: build the target's nodes, rewire uses, remove the source."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxfuse.graph.names import NameSource
+from onnxfuse.language.guards import constant_tensor
+from onnxfuse.language.pattern import AttrLiteral
+from onnxfuse.ops import schemas
+from onnxfuse.ops.inference import infer_node, schema_dtypes
+from onnxfuse.rewrite.matcher import ABSENT, Match, ModelContext
+
+
+class Blocked(Exception):
+    """The match is valid but rewriting it here would break an invariant."""
+
+
+def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[ir.Node]:
+    """Rewrite the matched nodes into the rule's target; return the new nodes, their
+    outputs typed only where they replace typed values (``type_created`` does the rest,
+    once constant computations are folded)."""
+    anchor = match.nodes[0]
+    for node in match.nodes:
+        if node is match.outputs[0].producer():
+            anchor = node
+    graph = anchor.graph
+    assert graph is not None
+    target = match.rule.target
+    env: dict[str, ir.Value | None] = {n: match.values.get(n) for n in target.input_names()}
+    _check_outputs(match, env)
+
+    created: list[ir.Node] = []
+    base = anchor.name or match.rule.name
+    _check_absent_inputs(match, env, context)
+    for pnode in target.nodes:
+        inputs = [None if pv is None else env[pv.name] for pv in pnode.inputs]
+        opset = context.opset(pnode.domain)
+        attributes = [
+            attr
+            for name, spec in pnode.attributes.items()
+            if (attr := _make_attribute(pnode.domain, pnode.op_type, opset, name, spec, match))
+            is not None
+        ]
+        for pvalue in pnode.outputs:
+            if pvalue is not None and pvalue.name in match.copied:
+                named = {a.name for a in attributes}
+                copied = match.copied[pvalue.name].values()
+                attributes.extend(a for a in copied if a.name not in named)
+        node = ir.Node(
+            pnode.domain,
+            pnode.op_type,
+            inputs,
+            attributes,
+            num_outputs=len(pnode.outputs),
+            name=names.fresh(f"{base}/{match.rule.name}"),
+        )
+        for pvalue, output in zip(pnode.outputs, node.outputs):
+            output.name = names.fresh(f"{base}/{pvalue.name if pvalue else 'unused'}")
+            if pvalue is not None:
+                env[pvalue.name] = output
+        created.append(node)
+    graph.insert_before(anchor, created)
+
+    for old, pvalue in zip(match.outputs, target.outputs):
+        new = env[pvalue.name]
+        assert new is not None
+        _keep_type(old, new)
+        if old.is_graph_output():
+            name = old.name
+            old.name = names.fresh(f"{name}__replaced")
+            new.name = name
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+    _remove_match(match, graph)
+    return created
+
+
+def fold_and_type(
+    created: list[ir.Node], context: ModelContext, fold: Callable[[list[ir.Node]], list[ir.Node]]
+) -> list[ir.Node]:
+    """Fold the new nodes that compute on constants only (``fold``), then infer the
+    types and shapes of those left: inferring a node about to fold is wasted (most
+    nodes of a weight-folding rule), and the others see exact initializer shapes."""
+    constant: set[int] = set()
+    guessed: list[ir.Value] = []
+    for node in created:
+        if node.domain != "" or not all(
+            v is None or id(v) in constant or constant_tensor(v, context.ir_version) is not None
+            for v in node.inputs
+        ):
+            continue
+        constant.update(id(o) for o in node.outputs)
+        # The folder checks a result's element type against its value's: give it the
+        # type the op's constraints fix.
+        for output, dtype in zip(node.outputs, schema_dtypes(node, context.opset(""))):
+            if output.type is None and dtype is not None:
+                output.type = ir.TensorType(dtype)
+                guessed.append(output)
+    remaining = fold(created)
+    kept = {id(n) for n in remaining}
+    for output in guessed:
+        if id(output.producer()) in kept:
+            output.type = None  # not folded after all: inferred whole below
+    for node in remaining:
+        infer_node(node, context.opset(node.domain))
+    return remaining
+
+
+def _remove_match(match: Match, graph: ir.Graph) -> None:
+    """Remove the matched nodes; a node of a kept value stays while it is still used."""
+    kept_values = {match.source.values[name] for name in match.rule.keep}
+    kept = [
+        node
+        for pnode, node in zip(match.source.nodes, match.nodes)
+        if any(o is not None and o in kept_values for o in pnode.outputs)
+    ]
+    graph.remove([n for n in match.nodes if all(n is not k for k in kept)], safe=True)
+    for node in reversed(kept):  # consumers before producers
+        if not any(o.uses() or o.is_graph_output() for o in node.outputs):
+            graph.remove(node, safe=True)
+
+
+def _check_absent_inputs(
+    match: Match, env: dict[str, ir.Value | None], context: ModelContext
+) -> None:
+    """An absent optional variable may only feed inputs the target op lets be absent."""
+    for pnode in match.rule.target.nodes:
+        for index, pvalue in enumerate(pnode.inputs):
+            if pvalue is None or pvalue.kind != "input" or env.get(pvalue.name) is not None:
+                continue
+            opset = context.opset(pnode.domain)
+            if not schemas.input_is_optional(pnode.domain, pnode.op_type, opset, index):
+                raise Blocked(
+                    f"'{pvalue.name}' is absent but {pnode.op_type} input {index} is required"
+                )
+
+
+def _check_outputs(match: Match, env: dict[str, ir.Value | None]) -> None:
+    """Check that outputs can be rewired; outputs passed straight through need care."""
+    seen: set[int] = set()
+    for old, pvalue in zip(match.outputs, match.rule.target.outputs):
+        existing = env.get(pvalue.name) if pvalue.kind == "input" else None
+        if pvalue.kind == "input" and existing is None:
+            raise Blocked(f"target output '{pvalue.name}' is an absent optional input")
+        if existing is not None:
+            if id(existing) in seen:
+                raise Blocked("two outputs would become the same value")
+            seen.add(id(existing))
+            if old.is_graph_output() and (
+                existing.is_graph_input()
+                or existing.is_graph_output()
+                or existing.is_initializer()
+                or existing.graph is not old.graph
+            ):
+                raise Blocked(f"graph output '{old.name}' would be renamed onto '{existing.name}'")
+
+
+def _keep_type(old: ir.Value, new: ir.Value) -> None:
+    """The replacement keeps the type and shape the graph already declared."""
+    if old.type is not None:
+        new.type = old.type
+    if old.shape is not None:
+        new.shape = old.shape
+
+
+def _make_attribute(
+    domain: str, op_type: str, opset: int, name: str, spec: Any, match: Match
+) -> ir.Attr | None:
+    value = spec.value if isinstance(spec, AttrLiteral) else match.attrs.get(spec.var, ABSENT)
+    if value is ABSENT or value is None:
+        return None  # an unset attribute stays unset, as in ONNX functions
+    attr_type = _attribute_type(domain, op_type, opset, name, spec.attr_type)
+    try:
+        return _convert(name, value, attr_type)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise Blocked(f"{op_type}.{name} cannot hold {value!r}: {exc}") from None
+
+
+def _attribute_type(domain: str, op_type: str, opset: int, name: str, written: int) -> int:
+    schema = schemas.get_schema(domain, op_type, opset)
+    if schema is not None and name in schema.attributes:
+        return int(schema.attributes[name].type)
+    return written
+
+
+def _convert(name: str, value: Any, attr_type: int) -> ir.Attr:
+    kind = onnx.AttributeProto
+    if attr_type == kind.FLOAT:
+        return ir.AttrFloat32(name, float(value))
+    if attr_type == kind.INT:
+        return ir.AttrInt64(name, _int64(value))
+    if attr_type == kind.STRING:
+        return ir.AttrString(name, str(value))
+    if attr_type == kind.FLOATS:
+        return ir.AttrFloat32s(name, [float(v) for v in _as_list(value)])
+    if attr_type == kind.INTS:
+        return ir.AttrInt64s(name, [_int64(v) for v in _as_list(value)])
+    if attr_type == kind.STRINGS:
+        return ir.AttrStrings(name, [str(v) for v in _as_list(value)])
+    if attr_type == kind.TENSOR or isinstance(value, np.ndarray):
+        return ir.AttrTensor(name, ir.Tensor(np.asarray(value)))
+    return ir.convenience.convert_attribute(name, value)
+
+
+def _int64(value: Any) -> int:
+    number = int(value)
+    if not -(2**63) <= number < 2**63:
+        raise OverflowError(f"{number} is not a 64-bit integer")
+    return number
+
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, np.ndarray):
+        return value.reshape(-1).tolist()
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
