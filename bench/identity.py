@@ -76,10 +76,10 @@ def optimize_one(case: tuple[str, str | None, str], workdir: Path) -> dict[str, 
         result["stderr"] = done.stderr.strip().splitlines()[-1:] or [""]
         return result
     result["nodes_after"] = json.loads(report.read_text())["nodes_after"]
-    result["files"] = {
-        p.name.replace(out.stem, "OUT"): digest(p) for p in sorted(workdir.glob(out.stem + "*"))
-    }
-    for p in workdir.glob(out.stem + "*"):
+    written = sorted(workdir.glob(out.stem + "*"))
+    # The model and its external data; the report holds timings.
+    result["files"] = {p.name.replace(out.stem, "OUT"): digest(p) for p in written if p != report}
+    for p in written:
         p.unlink()
     return result
 

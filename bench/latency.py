@@ -19,7 +19,7 @@ these variants run in one process:
 
 (`block-none` only where that target exists: `onnxfuse.load_target` accepts it.)
 Every variant's outputs are first compared with the original's at ORT_DISABLE_ALL, at the
-tolerance of tests/test_exports.py (1e-4 relative, 1e-5 absolute); a variant that differs
+tolerance of tests/models/test_exports.py (1e-4 relative, 1e-5 absolute); a variant that differs
 is still timed but marked, one that fails to optimize or load is not timed. Then W warm-up
 runs each, then N rounds in which every variant runs once, in turn (round robin: drift in
 the machine's load hits all alike), each round starting one variant later (a variant's

@@ -17,7 +17,7 @@ Two model sets:
   onnxfuse's and onnxscript's node counts beside onnxruntime's (from manifest.json,
   ORT_ENABLE_EXTENDED), the ops onnxruntime creates that onnxfuse's result lacks, and
   whether onnxfuse meets the parity criterion of tests/peer_parity.py (which
-  tests/test_peer_models.py asserts).
+  tests/models/test_peer_models.py asserts).
 
 `--markdown` writes the tables to docs/parity.md (or FILE) with the command and date on top.
 `--peer-only` runs only the peer models and, with `--markdown`, replaces only the peer
@@ -326,7 +326,7 @@ def peer_section(peer: list[dict]) -> list[str]:
     ]
     gaps = peer_gap_notes(peer)
     if gaps:
-        out += ["Known gaps (asserted by `tests/test_peer_models.py`):", "", *gaps, ""]
+        out += ["Known gaps (asserted by `tests/models/test_peer_models.py`):", "", *gaps, ""]
     return out
 
 
@@ -399,7 +399,7 @@ def markdown(command: str, export: list[dict], peer: list[dict], runs: int) -> s
             out += ["Notes:", "", *notes, ""]
         gaps = gap_notes(export)
         if gaps:
-            out += ["Known gaps (asserted by `tests/test_exports.py`):", "", *gaps, ""]
+            out += ["Known gaps (asserted by `tests/models/test_exports.py`):", "", *gaps, ""]
     if peer:
         out += peer_section(peer)
     return "\n".join(out)

@@ -1,6 +1,6 @@
 """Parity with onnxruntime on its own fusion test models, as one criterion.
 
-Shared by tests/test_peer_models.py (which asserts it) and bench/parity.py
+Shared by tests/models/test_peer_models.py (which asserts it) and bench/parity.py
 (which counts it). The spec: with `--target cpu`, for every model of
 tests/data/ort-fusion onnxruntime can load, onnxfuse's result has no more
 nodes than onnxruntime's ORT_ENABLE_EXTENDED result and contains the fused

@@ -174,7 +174,7 @@ def test_a_per_head_mask_fuses_only_when_finite():
 
 
 # End to end: transformers' BERT with attn_implementation="sdpa", exported by dynamo (from the
-# export cache tests/test_exports.py shares, exported here if missing).
+# export cache tests/models/test_exports.py shares, exported here if missing).
 def _export(name: str):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

@@ -144,8 +144,8 @@ def test_a_slice_off_the_half_does_not_fuse():
     assert applied == 0
 
 
-# End to end on the Llama exports (the export cache tests/test_exports.py shares, exported here
-# if missing): a longer and a one-token sequence than the export's, with left padding.
+# End to end on the Llama exports (the export cache of tests/models/test_exports.py, exported
+# here if missing): a longer and a one-token sequence than the export's, with left padding.
 @pytest.mark.parametrize("name", ["llama-gqa-dynamo18", "llama-gqa-legacy17"])
 def test_llama_export_rotary_fused(name):
     pytest.importorskip("torch")

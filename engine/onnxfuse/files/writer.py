@@ -6,7 +6,7 @@ initializers are written straight from their arrays (or their loaded protos), an
 only the rest of the model is serialized. The file's bytes are the ones ``ir.save``
 writes: protobuf encodes a message as its set fields in field-number order, each
 as tag, length and bytes, so a message is the concatenation of its parts
-(``tests/test_model_writer.py`` compares the two on real models).
+(``tests/files/test_writer.py`` compares the two on real models).
 
 Loading leaves the raw data of a model's large main-graph initializers in the file
 (``source_weights``): protobuf parses only the rest, and the writer copies those still

@@ -458,7 +458,7 @@ def test_outputs_never_replace_the_inputs_data_rules_or_capability_file(tmp_path
     rules = pack / "mine.yaml"
     rules.write_text(USER_RULE)
     capability = inputs / "npu.yaml"
-    capability.write_text((Path(__file__).parent.parent / "targets" / "cpu.yaml").read_text())
+    capability.write_text((Path(__file__).parents[2] / "targets" / "cpu.yaml").read_text())
     before = _contents(inputs), _contents(pack)
     cases = (
         ([str(source), "--report-json", str(inputs / "m.data")], "input model's external data"),

@@ -37,7 +37,7 @@ from onnxfuse.passes.pipeline import Options, optimize
 from onnxfuse.targets.capabilities import builtin_target_names, load_target
 from onnxfuse.targets.facts import NodeFacts, value_facts
 
-DATA = Path(__file__).parent / "data" / "ort-fusion"
+DATA = Path(__file__).parents[1] / "data" / "ort-fusion"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 LOADABLE = [e for e in MANIFEST if e["ops_after_ort_cpu_extended"] is not None]
 # As in test_peer_models: a fused kernel's last-bit differences summed by a later op.

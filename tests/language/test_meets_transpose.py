@@ -9,7 +9,7 @@ import onnx
 from helpers import assert_same_outputs, make_model, optimize_proto, rules_from_text, tensor_input
 from onnx import helper
 
-CORE = Path(__file__).resolve().parent.parent / "rules" / "core"
+CORE = Path(__file__).resolve().parents[2] / "rules" / "core"
 NCHW, NHWC, TO_NHWC = [1, 3, 4, 5], [1, 4, 5, 3], [0, 2, 3, 1]
 
 # A shared Transpose sinks through Neg when the moved one meets another (`keep`).

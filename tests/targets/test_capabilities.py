@@ -19,7 +19,7 @@ from onnxfuse.targets.facts import NodeFacts, ValueFacts
 from onnxfuse.targets.generator.generate import GENERATED_BY, all_targets, dump, onnx_target
 from onnxfuse.targets.generator.sources import PROVIDERS, SOURCES, builder_range, short_type
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NEW_TARGETS = [p.name for p in PROVIDERS]
 
 

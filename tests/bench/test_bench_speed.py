@@ -7,7 +7,7 @@ from pathlib import Path
 
 from onnxfuse.api import sample_model_path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import speed  # noqa: E402  (bench/speed.py)

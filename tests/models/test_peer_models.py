@@ -28,7 +28,7 @@ from onnxfuse.errors import ModelError
 from onnxfuse.passes.pipeline import Options
 from onnxfuse.targets.capabilities import load_target
 
-DATA = Path(__file__).parent / "data" / "ort-fusion"
+DATA = Path(__file__).parents[1] / "data" / "ort-fusion"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 LOADABLE = [e for e in MANIFEST if e["ops_after_ort_cpu_extended"] is not None]
 

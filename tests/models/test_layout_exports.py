@@ -9,7 +9,7 @@ with the reason; that dict is asserted exactly (an export that reaches parity fa
 until it is removed), so no export is skipped silently.
 
 CI runs CI_EXPORTS; ONNXFUSE_EXPORTS=all runs every export. Exports share the cache
-of tests/test_exports.py.
+of tests/models/test_exports.py.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 
 from onnxfuse.api import sample_model_path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import hotspots  # noqa: E402  (bench/hotspots.py)
