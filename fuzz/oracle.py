@@ -29,6 +29,7 @@ from onnx import helper, numpy_helper
 
 from fuzz.noise import NOISE_FACTOR, noise_floor
 from onnxfuse.proof.reference_ops import with_reference_definitions_bytes
+from onnxfuse.rewrite.report import StopReason
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ort.set_default_logger_severity(4)
@@ -343,7 +344,8 @@ def check(original: Original, target_name: str, rules: Sequence | None = None) -
     if outcome.failed or not report.stopped:
         return outcome
     # An early stop leaves a valid model; it is reported once the result passed every check.
-    return Outcome("fail", "stopped", report.stopped, _stop_reason(report.stopped), applied)
+    stop = report.stopped
+    return Outcome("fail", "stopped", str(stop), _stop_reason(stop), applied)
 
 
 def _check_result(
@@ -525,15 +527,11 @@ def diagnose(original: Original, target_name: str, failure: Outcome) -> str:
     return "+".join(sorted(kept))
 
 
-def _stop_reason(message: str) -> str:
+def _stop_reason(stop: StopReason) -> str:
     """'oscillate:<rules named>', 'rewrite-cap' or 'iteration-cap'."""
-    if "oscillate" in message:
-        return "oscillate:" + message.rsplit(":", 1)[-1].replace(" ", "")
-    if "rewrite cap" in message:
-        return "rewrite-cap"
-    if "iteration cap" in message:
-        return "iteration-cap"
-    return message[:40]
+    if stop.rules:
+        return f"{stop.kind.value}:{','.join(stop.rules)}"
+    return stop.kind.value
 
 
 def signature(failure: Outcome, culprit: str) -> str:

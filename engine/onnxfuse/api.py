@@ -16,11 +16,13 @@ from onnxfuse.files.input_files import INPUT_FILES_META
 from onnxfuse.files.model_io import check_model, load_model_and_types, save_model
 from onnxfuse.files.output_paths import check_output, model_file, refuse_overwriting
 from onnxfuse.fold.spill import spilling
-from onnxfuse.graph.names import all_graphs
+from onnxfuse.graph.traversal import all_graphs
 from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
 from onnxfuse.language.rule import Rule
-from onnxfuse.passes.pipeline import Options, Report, normalize, optimize
+from onnxfuse.passes.normalize import normalize
+from onnxfuse.passes.pipeline import Options, optimize
 from onnxfuse.rewrite.matcher import Matcher, ModelContext
+from onnxfuse.rewrite.report import Report
 from onnxfuse.support.heap import long_lived_objects_frozen
 from onnxfuse.targets.capabilities import Target, resolve_target
 from onnxfuse.targets.params import BLOCK_SIZE_METADATA, NCHWC_DOMAIN

@@ -22,7 +22,7 @@ from onnxfuse.fold.folder import FoldContext, Folder
 from onnxfuse.fold.numpy_ops import numpy_result
 from onnxfuse.fold.spill import FillTensor
 from onnxfuse.graph.names import NameSource
-from onnxfuse.passes.pipeline import normalize
+from onnxfuse.passes.normalize import normalize
 
 BIG = DIRECT_MIN_BYTES // 4 + 7  # float32 elements: above the direct-write size
 

@@ -21,7 +21,7 @@ from onnxfuse.errors import ModelError
 from onnxfuse.files import check_directory, model_io
 from onnxfuse.files.model_io import CHECK_PLACEHOLDER, load_model
 from onnxfuse.fold import spill
-from onnxfuse.passes.pipeline import normalize
+from onnxfuse.passes.normalize import normalize
 
 HIDDEN = 512  # one weight is 1 MiB: the packed Q/K/V (3 MiB) and W_o^T (1 MiB) spill
 

@@ -16,6 +16,8 @@ from helpers import (
 )
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxfuse.rewrite.report import StopKind, StopReason
+
 X4 = [2, 3, 4, 5]
 
 
@@ -734,8 +736,9 @@ rules:
 def test_oscillating_rules_are_stopped_and_named():
     model = unary_chain("Relu", "Neg")
     report, result = optimize_proto(model, rules_from_text(OSCILLATE))
-    assert report.stopped is not None
-    assert "relu-to-max" in report.stopped and "max-to-relu" in report.stopped
+    assert report.stopped is not None and report.stopped.kind is StopKind.OSCILLATION
+    assert set(report.stopped.rules) == {"relu-to-max", "max-to-relu"}
+    assert "rules oscillate" in str(report.stopped)
     assert report.rewrites < 10
     assert_same_outputs(model, result)
 
@@ -761,7 +764,7 @@ def test_rules_that_grow_forever_hit_the_cap():
         nodes, [tensor_input("a", X4), tensor_input("b", X4)], [tensor_input("y", X4)]
     )
     report, result = optimize_proto(model, rules_from_text(DIVERGE), max_rewrites=200)
-    assert report.stopped and "rewrite cap" in report.stopped
+    assert report.stopped == StopReason(StopKind.REWRITE_CAP, limit=200)
     assert_same_outputs(model, result)
 
 
@@ -769,7 +772,13 @@ def test_rewrite_cap_is_enforced():
     model = unary_chain(*["Relu"] * 6)
     report, result = optimize_proto(model, rules_from_text(RELU_RELU), max_rewrites=2)
     assert report.rewrites == 2
-    assert report.stopped and "rewrite cap" in report.stopped
+    assert report.stopped == StopReason(StopKind.REWRITE_CAP, limit=2)
+    assert report.to_json()["stopped"] == {
+        "kind": "rewrite-cap",
+        "limit": 2,
+        "rules": [],
+        "message": "rewrite cap reached (2)",
+    }
     assert_same_outputs(model, result)
 
 

@@ -30,7 +30,7 @@ from helpers import assert_close, make_model, random_feeds, run
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxfuse import api
-from onnxfuse.passes.pipeline import Report
+from onnxfuse.rewrite.report import Report
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(LIGHT_DIR.glob("*.onnx"))

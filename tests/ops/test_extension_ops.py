@@ -31,7 +31,8 @@ from onnxfuse.ops.extension import (
     extension_schema,
     is_extension,
 )
-from onnxfuse.passes.pipeline import Options, normalize
+from onnxfuse.passes.normalize import normalize
+from onnxfuse.passes.pipeline import Options
 from onnxfuse.targets.capabilities import load_target
 
 CPU = load_target("cpu")

@@ -18,7 +18,8 @@ from onnx import helper, numpy_helper
 
 from onnxfuse.api import select_rules
 from onnxfuse.files.model_io import check_model
-from onnxfuse.passes.pipeline import Options, normalize, op_histogram, optimize
+from onnxfuse.passes.normalize import normalize
+from onnxfuse.passes.pipeline import Options, op_histogram, optimize
 from onnxfuse.rewrite.matcher import Matcher, ModelContext
 from onnxfuse.targets.capabilities import load_target
 from onnxfuse.targets.facts import created_nodes

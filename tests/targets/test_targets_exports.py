@@ -17,7 +17,7 @@ from test_targets_peer_models import unsupported_created_nodes
 
 from onnxfuse.api import select_rules
 from onnxfuse.files.model_io import check_model, load_model
-from onnxfuse.graph.names import all_graphs
+from onnxfuse.graph.traversal import all_graphs
 from onnxfuse.passes.pipeline import Options, optimize
 from onnxfuse.targets.capabilities import builtin_target_names, load_target
 

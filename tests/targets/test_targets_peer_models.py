@@ -32,7 +32,7 @@ from helpers import assert_close, random_feeds, run
 from onnxfuse.api import select_rules
 from onnxfuse.errors import ModelError
 from onnxfuse.files.model_io import check_model, load_model
-from onnxfuse.graph.names import all_graphs
+from onnxfuse.graph.traversal import all_graphs
 from onnxfuse.passes.pipeline import Options, optimize
 from onnxfuse.targets.capabilities import builtin_target_names, load_target
 from onnxfuse.targets.facts import NodeFacts, value_facts

@@ -127,7 +127,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
         refuse_overwriting_read,
     )
     from onnxfuse.language.packs import files_read
-    from onnxfuse.passes.pipeline import DEFAULT_MAX_ITERATIONS, Options
+    from onnxfuse.passes.pipeline import Options
+    from onnxfuse.rewrite.driver import DEFAULT_MAX_ITERATIONS
     from onnxfuse.targets.capabilities import load_target
     from onnxfuse.targets.params import split_spec
 

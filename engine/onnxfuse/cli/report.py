@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onnxfuse.passes.pipeline import Report
+from onnxfuse.rewrite.report import Report
 
 
 def format_report(report: Report, source: str, output: str | None) -> str:

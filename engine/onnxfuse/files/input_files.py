@@ -15,7 +15,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from onnxfuse.graph.names import subgraphs
+from onnxfuse.graph.traversal import subgraphs
 
 # Where a loaded model's InputFiles are kept, in its meta.
 INPUT_FILES_META = "onnxfuse.files.input_files"

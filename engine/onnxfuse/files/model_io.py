@@ -43,7 +43,7 @@ from onnxfuse.files.writer import (
     write_model,
 )
 from onnxfuse.fold.spill import is_spilled, load_spilled
-from onnxfuse.graph.names import subgraphs
+from onnxfuse.graph.traversal import subgraphs
 from onnxfuse.ops.extension import checker_view, holds_accepted
 from onnxfuse.ops.inference import (
     InferredTypes,

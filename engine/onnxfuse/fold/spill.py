@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
-from onnxfuse.graph.names import subgraphs
+from onnxfuse.graph.traversal import subgraphs
 
 # Smaller arrays stay in memory: a file per tensor would cost more than it saves.
 SPILL_MIN_BYTES = 1 << 20

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from onnxfuse.graph.traversal import all_graphs
+
 
 class NameSource:
     """Fresh, model-wide unique names for values and nodes."""
@@ -34,25 +36,6 @@ class NameSource:
         self.counters[base] = counter
         self.used.add(candidate)
         return candidate
-
-
-def all_graphs(model: ir.Model) -> list[ir.Graph]:
-    graphs = [model.graph, *subgraphs(model.graph)]
-    for function in model.functions.values():
-        graphs.append(function.graph)
-        graphs.extend(subgraphs(function.graph))
-    return graphs
-
-
-_GRAPH_ATTRIBUTES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-
-
-def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
-    """``graph.subgraphs()``, answered at once for a graph no attribute of which holds a
-    graph (the common case): onnx_ir's recursive walk costs far more than this scan."""
-    if any(attr.type in _GRAPH_ATTRIBUTES for node in graph for attr in node.attributes.values()):
-        return list(graph.subgraphs())
-    return []
 
 
 def region_hash(roots: list[ir.Value], depth: int) -> int:

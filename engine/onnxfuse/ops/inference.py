@@ -15,7 +15,7 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
-from onnxfuse.graph.names import subgraphs
+from onnxfuse.graph.traversal import owned_graphs, subgraphs
 from onnxfuse.ops import extension as extension_ops
 from onnxfuse.ops import schemas
 
@@ -156,7 +156,7 @@ def _type_through_extension_ops(model: ir.Model) -> bool:
     """Type the untyped outputs of extension nodes and of the nodes after them, in
     graph order; whether any extension node was met."""
     found = False
-    for graph, opsets in _graphs_with_opsets(model):
+    for graph, opsets, _ in owned_graphs(model):
         opset = opsets.get("", opsets.get("ai.onnx"))
         if opset is None:
             continue
@@ -167,14 +167,6 @@ def _type_through_extension_ops(model: ir.Model) -> bool:
             if reached and any(o.type is None for o in node.outputs):
                 version = opset if node.domain in ("", "ai.onnx") else opsets.get(node.domain, 1)
                 infer_node(node, version)
-    return found
-
-
-def _graphs_with_opsets(model: ir.Model) -> list[tuple[ir.Graph, dict[str, int]]]:
-    found = [(g, dict(model.opset_imports)) for g in (model.graph, *subgraphs(model.graph))]
-    for function in model.functions.values():
-        opsets = dict(function.opset_imports)
-        found.extend((g, opsets) for g in (function.graph, *subgraphs(function.graph)))
     return found
 
 

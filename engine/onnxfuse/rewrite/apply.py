@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxfuse.fold.folder import Folder
 from onnxfuse.graph.names import NameSource
 from onnxfuse.language.guards import constant_tensor
 from onnxfuse.language.pattern import AttrLiteral
@@ -80,10 +80,8 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
     return created
 
 
-def fold_and_type(
-    created: list[ir.Node], context: ModelContext, fold: Callable[[list[ir.Node]], list[ir.Node]]
-) -> list[ir.Node]:
-    """Fold the new nodes that compute on constants only (``fold``), then infer the
+def fold_and_type(created: list[ir.Node], context: ModelContext, folder: Folder) -> list[ir.Node]:
+    """Fold the new nodes that compute on constants only, then infer the
     types and shapes of those left: inferring a node about to fold is wasted (most
     nodes of a weight-folding rule), and the others see exact initializer shapes."""
     constant: set[int] = set()
@@ -101,7 +99,7 @@ def fold_and_type(
             if output.type is None and dtype is not None:
                 output.type = ir.TensorType(dtype)
                 guessed.append(output)
-    remaining = fold(created)
+    remaining = folder.fold_nodes(created)
     kept = {id(n) for n in remaining}
     for output in guessed:
         if id(output.producer()) in kept:

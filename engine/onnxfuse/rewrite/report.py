@@ -1,0 +1,83 @@
+"""What a run did: per-rule counts, node counts, and why rewriting stopped early."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class StopKind(enum.Enum):
+    """Why rewriting stopped before a fixpoint (no StopReason at all: it reached one)."""
+
+    ITERATION_CAP = "iteration-cap"
+    REWRITE_CAP = "rewrite-cap"
+    OSCILLATION = "oscillate"
+
+
+@dataclass(frozen=True)
+class StopReason:
+    """A typed early stop: callers match on ``kind`` and ``rules``, never on the text."""
+
+    kind: StopKind
+    limit: int | None = None  # the cap that was reached
+    rules: tuple[str, ...] = ()  # the rules that undo each other's rewrites
+
+    def __str__(self) -> str:
+        if self.kind is StopKind.ITERATION_CAP:
+            return (
+                f"iteration cap reached ({self.limit}); "
+                "the result is valid but may not be a fixpoint"
+            )
+        if self.kind is StopKind.REWRITE_CAP:
+            return f"rewrite cap reached ({self.limit})"
+        return "rules oscillate (they undo each other's rewrites): " + ", ".join(self.rules)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "kind": self.kind.value,
+            "limit": self.limit,
+            "rules": list(self.rules),
+            "message": str(self),
+        }
+
+
+@dataclass
+class RuleStats:
+    matched: int = 0
+    applied: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    nodes_before: int = 0
+    nodes_after: int = 0
+    iterations: int = 0
+    rewrites: int = 0
+    folded: int = 0
+    seconds: float = 0.0
+    stopped: StopReason | None = None
+    rules: dict[str, RuleStats] = field(default_factory=dict)
+    ops_before: dict[str, int] = field(default_factory=dict)
+    ops_after: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "iterations": self.iterations,
+            "rewrites": self.rewrites,
+            "folded": self.folded,
+            "seconds": round(self.seconds, 6),
+            "stopped": self.stopped.to_json() if self.stopped is not None else None,
+            "rules": {
+                name: {
+                    "matched": s.matched,
+                    "applied": s.applied,
+                    "seconds": round(s.seconds, 6),
+                }
+                for name, s in self.rules.items()
+            },
+            "ops_before": self.ops_before,
+            "ops_after": self.ops_after,
+        }
