@@ -1,14 +1,17 @@
-"""The Python API behind the command line."""
+"""The Python API: ``optimize`` for any kind of model, and what the command line runs."""
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
+from typing import Any, TypeVar
 
+import onnx
 import onnx_ir as ir
 
 from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
@@ -19,8 +22,9 @@ from onnxfuse.fold.spill import spilling
 from onnxfuse.graph.traversal import all_graphs
 from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
 from onnxfuse.language.rule import Rule
+from onnxfuse.passes import pipeline
 from onnxfuse.passes.normalize import normalize
-from onnxfuse.passes.pipeline import Options, optimize
+from onnxfuse.passes.pipeline import Options
 from onnxfuse.rewrite.matcher import Matcher, ModelContext
 from onnxfuse.rewrite.report import Report
 from onnxfuse.support.heap import long_lived_objects_frozen
@@ -33,8 +37,69 @@ def sample_model_path() -> Path:
     return Path(str(resources.files("onnxfuse") / "data" / "sample_resnet.onnx"))
 
 
+ModelLike = TypeVar("ModelLike", onnx.ModelProto, ir.Model, str, os.PathLike)
+
+
+def optimize(
+    model: ModelLike,
+    target: Target | str | None = "cpu",
+    rules: Sequence[str | os.PathLike | Rule] = (),
+    *,
+    output: str | os.PathLike | None = None,
+    builtin: bool = True,
+    disable: Sequence[str] = (),
+    return_report: bool = False,
+    **options: Any,
+) -> Any:
+    """Optimize ``model`` for ``target`` and return the same kind of model.
+
+    - an ``onnx.ModelProto`` gives a new ``ModelProto`` (the argument is left as it was);
+    - an ``onnx_ir.Model`` is optimized in place and returned;
+    - a path is read and the result written atomically to ``output`` (required), whose
+      path is returned.
+
+    ``rules``: rule files, pack folders or loaded ``Rule``s, added to the built-in packs
+    (``builtin=False`` leaves those out); ``disable``: rule or op-set family names left
+    out. ``options``: the fields of ``Options`` (``max_iterations``, ``max_rewrites``,
+    ``fold_limit_bytes``, ``progress``). ``return_report=True`` returns ``(result,
+    Report)``. The result is checked as the command line checks it.
+    """
+    known = {f.name for f in fields(Options)} - {"target"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise OnnxfuseError(f"optimize: unknown option {', '.join(unknown)}")
+    resolved = resolve_target(target)
+    paths = [r for r in rules if not isinstance(r, Rule)]
+    chosen = select_rules(paths, list(disable), builtin=builtin, target=resolved)
+    chosen += [r for r in rules if isinstance(r, Rule)]
+    run_options = Options(target=resolved, **options)
+    result: Any
+    if isinstance(model, ir.Model):
+        report = pipeline.optimize(model, chosen, run_options)
+        record_layout_assumptions(model, resolved)
+        check_model(model, resolved)
+        result = model
+    elif isinstance(model, onnx.ModelProto):
+        with tempfile.TemporaryDirectory(prefix="onnxfuse-") as folder:
+            source, written = Path(folder) / "in.onnx", Path(folder) / "out.onnx"
+            onnx.save(model, source)
+            report = optimize_file(source, written, chosen, run_options)
+            result = onnx.load(written)
+    elif isinstance(model, (str, os.PathLike)):
+        if output is None:
+            raise OnnxfuseError("optimize: a model given by its path needs output=")
+        report = optimize_file(model, output, chosen, run_options)
+        result = Path(output)
+    else:
+        raise OnnxfuseError(
+            f"optimize: expected an onnx.ModelProto, an onnx_ir.Model or a path, "
+            f"not {type(model).__name__}"
+        )
+    return (result, report) if return_report else result
+
+
 def select_rules(
-    extra: list[str | os.PathLike] | None = None,
+    extra: Sequence[str | os.PathLike] | None = None,
     disable: list[str] | None = None,
     builtin: bool = True,
     target: Target | str | None = None,
@@ -82,7 +147,9 @@ def optimize_file(
         # Large folded values wait on disk for the save (from 1 MiB with external weights).
         with spilling(model):
             # With an output, the last shape inference runs on the protobuf the save writes.
-            report = optimize(model, rules, options, inferred, final_inference=output is None)
+            report = pipeline.optimize(
+                model, rules, options, inferred, final_inference=output is None
+            )
             record_layout_assumptions(model, target)
             try:
                 _write_or_check(model, source, output, target)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from onnxfuse.cli.main import positive_int
+from onnxfuse.cli.arguments import positive_int
 from onnxfuse.errors import OnnxfuseError
 
 DEFAULT_EXAMPLES = 100

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from onnxfuse.cli.arguments import positive_int
 from onnxfuse.errors import InvariantError, OnnxfuseError, creating, one_line
 from onnxfuse.support.deferred_imports import defer_unused_imports
 from onnxfuse.support.heap import collector_paused
@@ -22,16 +23,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"onnxfuse: error: {message}\n")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

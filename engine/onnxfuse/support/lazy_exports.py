@@ -7,14 +7,15 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_getattr(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+def lazy_getattr(package: str, exports: dict[str, str | tuple[str, str]]) -> Callable[[str], Any]:
     """A module ``__getattr__`` for ``package`` that imports each name of ``exports``
-    (name -> submodule) from its submodule when it is first asked for."""
+    (name -> submodule, or (submodule, its name there)) when it is first asked for."""
 
     def __getattr__(name: str) -> Any:
-        module = exports.get(name)
-        if module is None:
+        found = exports.get(name)
+        if found is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(f"{package}.{module}"), name)
+        module, attribute = found if isinstance(found, tuple) else (found, name)
+        return getattr(importlib.import_module(f"{package}.{module}"), attribute)
 
     return __getattr__

@@ -28,8 +28,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-import onnxfuse
-
 T = TypeVar("T")
 
 _DEPENDENCIES = ("onnx", "onnx_ir", "onnxruntime", "numpy", "yaml")
@@ -99,7 +97,7 @@ def file_key(path: Path, content: bytes) -> bytes:
 
 @functools.cache
 def _environment() -> bytes:
-    engine = Path(onnxfuse.__file__).parent
+    engine = Path(__file__).resolve().parents[1]  # the onnxfuse package
     parts = [
         sys.version.encode(),
         pickle.format_version.encode(),
