@@ -10,9 +10,9 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 import pytest
+from helpers import assert_same_outputs
 
 import onnxfuse
-from helpers import assert_same_outputs
 from onnxfuse.api import sample_model_path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -56,9 +56,7 @@ def test_an_unknown_option_or_model_kind_is_refused():
 
 def test_no_builtin_rules_and_no_gating_only_fold_and_clean_up():
     model = onnx.load(sample_model_path())
-    optimized, report = onnxfuse.optimize(
-        model, target=None, builtin=False, return_report=True
-    )
+    optimized, report = onnxfuse.optimize(model, target=None, builtin=False, return_report=True)
     assert report.rewrites == 0 and report.rules == {}
     assert_same_outputs(model, optimized)
 

@@ -5,9 +5,18 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import assert_same_outputs, make_model, optimize_proto, rules_from_text, tensor_input
+from helpers import (
+    assert_same_outputs,
+    make_model,
+    optimize_proto,
+    relu_relu_rule,
+    rules_from_text,
+    tensor_input,
+)
 from onnx import helper
 from rule_cases import RELU_RELU, X4, _relu_pair_rule, fired, unary_chain
+
+from onnxfuse.errors import RuleError
 
 
 def test_rule_metadata_is_kept():
@@ -104,3 +113,20 @@ def test_a_target_the_op_cannot_take_is_refused_on_load(target, extra, message):
 
 def test_an_alpha_written_as_an_int_still_loads():
     rules_from_text(_relu_pair_rule("f (X) => (Y) { Y = LeakyRelu<alpha = 1>(X) }"))
+
+
+def test_replacement_is_the_key_and_target_its_older_name():
+    text = relu_relu_rule("relu-relu")
+    assert "target:" in text
+    old = rules_from_text(text)[0]
+    new = rules_from_text(text.replace("target:", "replacement:"))[0]
+    assert [n.op_type for n in new.target.nodes] == [n.op_type for n in old.target.nodes]
+
+
+def test_a_rule_with_both_replacement_and_target_is_refused_with_its_line():
+    text = relu_relu_rule("relu-relu").replace(
+        "    target:",
+        "    replacement: |\n      f (X) => (Y) {\n        Y = Relu(X)\n      }\n    target:",
+    )
+    with pytest.raises(RuleError, match=r"test.yaml:\d+: rule has both 'replacement' and 'target'"):
+        rules_from_text(text)

@@ -224,7 +224,7 @@ def build_rule(
     _check_ops(
         rule.target,
         "target",
-        lines.get("target"),
+        (lines.get("replacement") or lines.get("target")),
         opset,
         strict_attributes=True,
         copied=frozenset(rule.copy_attributes.values()),
@@ -256,13 +256,14 @@ def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
     if len(rule.target.outputs) != len(first.outputs):
         raise RuleDefinitionError(
             f"target has {len(rule.target.outputs)} output(s), source has {len(first.outputs)}",
-            lines.get("target"),
+            (lines.get("replacement") or lines.get("target")),
         )
     source_vars = set(first.input_names())
     for name in rule.target.input_names():
         if name not in source_vars:
             raise RuleDefinitionError(
-                f"target input '{name}' is not a variable of the source", lines.get("target")
+                f"target input '{name}' is not a variable of the source",
+                (lines.get("replacement") or lines.get("target")),
             )
     for name in rule.optional:
         if name not in source_vars:
@@ -277,7 +278,7 @@ def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
                 raise RuleDefinitionError(
                     f"target {node.op_type} refers to @{attr.var}, which is neither a "
                     "source attribute nor a 'let' name",
-                    lines.get("target"),
+                    (lines.get("replacement") or lines.get("target")),
                 )
     for source_value, target_value in rule.copy_attributes.items():
         for source in rule.sources:

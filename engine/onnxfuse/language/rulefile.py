@@ -26,8 +26,9 @@ RULE_KEYS = {
     "benefit": "an integer priority; higher fires first",
     "references": "where the fusion comes from",
     "source": "the pattern to find, ONNX text syntax",
-    "sources": "alternative patterns with one target",
-    "target": "the replacement pattern, ONNX text syntax",
+    "sources": "alternative patterns with one replacement",
+    "replacement": "the pattern that replaces a match, ONNX text syntax",
+    "target": "the replacement's older name, still accepted",
     "where": "guard expressions that must all hold",
     "let": "names computed from bindings, usable as @name in the target",
     "optional": "source variables that may be absent inputs",
@@ -122,13 +123,12 @@ def _parse_one(entry: LineMap, line: int, pack: str, path: str, member: Member |
             )
             for text, text_line in _source_texts(entry)
         ]
-        if "target" not in entry:
-            raise RuleDefinitionError("rule has no 'target'", line)
+        key = _replacement_key(entry, line)
         target = parse_pattern_text(
-            entry["target"],
+            entry[key],
             role="target",
             commutative=commutative,
-            first_line=entry.line_of("target"),
+            first_line=entry.line_of(key),
             op_types=op_types,
         )
         return rule_from_entry(
@@ -343,3 +343,14 @@ def _string_map(entry: LineMap, key: str) -> dict[str, str]:
     ):
         raise RuleDefinitionError(f"'{key}' must map names to names", entry.line_of(key))
     return dict(value)
+
+
+def _replacement_key(entry: LineMap, line: int) -> str:
+    """``replacement:``, or ``target:`` as rule files wrote it before; not both."""
+    if "replacement" in entry and "target" in entry:
+        raise RuleDefinitionError("rule has both 'replacement' and 'target' (one name)", line)
+    if "replacement" in entry:
+        return "replacement"
+    if "target" in entry:
+        return "target"
+    raise RuleDefinitionError("rule has no 'replacement'", line)
