@@ -242,7 +242,8 @@ def _read_proto(
 
 
 def _parse(proto: onnx.ModelProto, data: memoryview | bytearray) -> None:
-    decoded = proto.ParseFromString(data)
+    # protobuf parses any buffer; types-protobuf's stub asks for bytes.
+    decoded = proto.ParseFromString(data)  # type: ignore[arg-type]
     if decoded is not None and decoded != len(data):
         raise DecodeError(f"protobuf has {decoded} bytes but the file has {len(data)}")
 

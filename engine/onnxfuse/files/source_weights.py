@@ -81,9 +81,9 @@ def split_weights(
     names: list[str] = []
     try:
         for field_start, start, end in scan.initializers:
-            entry = _lazy_entry(data, start, end, min_bytes, names)
-            if entry is not None:
-                found[entry[0].name] = (field_start, *entry)
+            made = _lazy_entry(data, start, end, min_bytes, names)
+            if made is not None:
+                found[made[0].name] = (field_start, *made)
     except (ValueError, IndexError, UnicodeDecodeError):
         return None
     for name in {n for n, seen in Counter(names).items() if seen > 1} & found.keys():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -38,6 +38,7 @@ from onnxfuse.files.wire import (
     varint,
 )
 from onnxfuse.fold.spill import FillTensor
+from onnxfuse.support.ir_types import tensor_shape
 
 # In-memory initializers of this many bytes or more are written from their own buffers.
 DIRECT_MIN_BYTES = 64 * 1024
@@ -82,9 +83,10 @@ def serialize_stripped(model: ir.Model) -> tuple[onnx.ModelProto, list[ir.Tensor
         for value in large:
             tensor = value.const_value
             assert tensor is not None
+            assert value.name is not None  # an initializer is registered by its name
             tensor.name = value.name  # as ir's serializer does
             value.const_value = ir.ExternalTensor(
-                PLACEHOLDER, None, None, tensor.dtype, shape=tensor.shape, name=value.name
+                PLACEHOLDER, None, None, tensor.dtype, shape=tensor_shape(tensor), name=value.name
             )
         proto = ir.serde.serialize_model(model)
     finally:
@@ -109,9 +111,9 @@ def write_model(
     graph = proto.graph
     with _open_source(model) as (source_fd, source):
         entries: list[list[Part]] = []
-        for tensor, serialized in zip(tensors, graph.initializer):
+        for tensor, tensor_proto in zip(tensors, graph.initializer):
             if tensor is None:
-                entries.append([serialized.SerializeToString()])
+                entries.append([tensor_proto.SerializeToString()])
                 continue
             if isinstance(tensor, SourceTensor):
                 found = tensor.file_range()
@@ -222,7 +224,7 @@ def _copy_range(source_fd: int, out_fd: int, part: FileRange) -> None:
             offset, left = offset + len(chunk), left - len(chunk)
 
 
-def _tensor(tensor: ir.TensorProtocol) -> list[Buffer]:
+def _tensor(tensor: ir.TensorProtocol) -> list[Part]:
     """The serialized TensorProto of an initializer, as ``serialize_tensor_into`` makes it."""
     if isinstance(tensor, ir.serde.TensorProtoTensor):
         if tensor.metadata_props or tensor.dtype not in PLAIN_DTYPES:
@@ -245,18 +247,19 @@ def _tensor(tensor: ir.TensorProtocol) -> list[Buffer]:
         return [head.SerializeToString(), *_field(TENSOR_RAW_DATA, tensor.chunks())]
     array = tensor.numpy()
     if array.flags.c_contiguous:
-        data: Buffer = memoryview(array.reshape(-1).view(np.uint8))
+        # numpy's stubs give ndarray the buffer protocol's __buffer__ only from Python 3.12.
+        data: Buffer = memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     else:
         data = array.tobytes()
     return [head.SerializeToString(), *_field(TENSOR_RAW_DATA, [data])]
 
 
-def _field(number: int, parts: list[Part]) -> list[Part]:
+def _field(number: int, parts: Sequence[Part]) -> list[Part]:
     """A length-delimited field holding ``parts``: tag, length, then the parts."""
     return [varint(number << 3 | LENGTH_DELIMITED) + varint(_size(parts)), *parts]
 
 
-def _size(parts: list[Part]) -> int:
+def _size(parts: Sequence[Part]) -> int:
     return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
 
 

@@ -26,6 +26,7 @@ from onnxfuse.fold import uniform as folding_uniform
 from onnxfuse.fold.numpy_ops import numpy_result
 from onnxfuse.graph.names import NameSource
 from onnxfuse.language.guards import constant_tensor
+from onnxfuse.support.ir_types import tensor_shape
 
 DEFAULT_FOLD_LIMIT_BYTES = 256 * 1024 * 1024
 
@@ -208,7 +209,7 @@ class Folder:
         shape = node.inputs[0].shape
         if shape is None or not all(isinstance(d, int) for d in shape):
             return None
-        dims = [int(d) for d in shape]
+        dims = list(shape.numpy())
         if node.op_type == "Size":
             size = math.prod(dims)
             return [np.array(size, dtype=np.int64)] if size < 2**63 else None
@@ -323,7 +324,10 @@ class Folder:
         if area is not None:
             tensor = area.spill(tensor) or tensor
         value = ir.Value(
-            name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape, const_value=tensor
+            name=name,
+            type=ir.TensorType(tensor.dtype),
+            shape=tensor_shape(tensor),
+            const_value=tensor,
         )
         if isinstance(graph, ir.Function):
             graph = graph.graph

@@ -21,8 +21,8 @@ Arrays = list[np.ndarray | None]
 
 # Plain numpy dtypes: no ml_dtypes (bfloat16, float8), strings or complex numbers.
 _FLOATS = (np.float16, np.float32, np.float64)
-_NUMBERS = (*_FLOATS, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16)
-_NUMBERS += (np.uint32, np.uint64, np.bool_)
+_NUMBERS: tuple[type[np.generic], ...] = (*_FLOATS, np.int8, np.int16, np.int32, np.int64)
+_NUMBERS += (np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
 _CAST_TARGETS = {
     ir.DataType.FLOAT: np.float32,
     ir.DataType.DOUBLE: np.float64,

@@ -64,6 +64,8 @@ class SpillArea:
             or isinstance(tensor, FillTensor)  # it holds no memory
         ):
             return None
+        # The folder's results (folder._tensor): with strings and fills gone, in-memory tensors.
+        assert isinstance(tensor, ir.Tensor)
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="onnxfuse-spill-"))
         location = f"{len(self._tensors)}.bin"
@@ -142,7 +144,7 @@ def holds_external_data(model: ir.Model) -> bool:
     )
 
 
-def release(tensor: ir.TensorProtocol) -> None:
+def release(tensor: ir.TensorProtocol | None) -> None:
     """Unmap an external tensor's file (it maps again if read later). Mapped pages
     count in the process's memory. A mapping that arrays still view stays open."""
     if not isinstance(tensor, ir.ExternalTensor):
@@ -195,7 +197,8 @@ def _fill_chunk(dtype: str, value: bytes, count: int) -> memoryview:
     one = np.frombuffer(value, dtype=np.dtype(dtype))
     full = np.full(count, one[0], dtype=one.dtype)
     full.flags.writeable = False
-    return memoryview(full.view(np.uint8))
+    # numpy's stubs give ndarray the buffer protocol's __buffer__ only from Python 3.12.
+    return memoryview(full.view(np.uint8))  # type: ignore[arg-type]
 
 
 def fill_tensor(array: np.ndarray, name: str | None) -> FillTensor | None:

@@ -186,7 +186,7 @@ def uniform_result(
 
 
 def _dims(tensor: ir.TensorProtocol) -> tuple[int, ...]:
-    return tuple(int(d) for d in tensor.shape)
+    return tuple(tensor.shape.numpy())
 
 
 def _view_result(

@@ -72,7 +72,7 @@ def onnxruntime_schemas() -> tuple[Any, ...]:
 
 
 @functools.cache
-def _onnxruntime_extension_schemas() -> tuple[object, ...]:
+def _onnxruntime_extension_schemas() -> tuple[Any, ...]:
     """onnxruntime's ai.onnx schemas at versions where no standard schema is in force."""
     found = []
     for schema in onnxruntime_schemas():
@@ -95,7 +95,7 @@ def _register_private(op_type: str) -> bool:
 
     registered = False
     for schema in _onnxruntime_extension_schemas():
-        if schema.name != op_type:  # type: ignore[attr-defined]
+        if schema.name != op_type:
             continue
         with contextlib.suppress(onnx.defs.SchemaError):  # already there (a reloaded module)
             onnx.defs.register_schema(_as_onnx_schema(schema, PRIVATE_DOMAIN))
@@ -103,41 +103,42 @@ def _register_private(op_type: str) -> bool:
     return registered
 
 
-def _as_onnx_schema(schema: object, domain: str = "") -> onnx.defs.OpSchema:
+def _as_onnx_schema(schema: Any, domain: str = "") -> onnx.defs.OpSchema:
     """onnxruntime's schema object as an ``onnx.defs.OpSchema`` (no inference function)."""
     OpSchema = onnx.defs.OpSchema
     attributes = []
-    for name, attr in schema.attributes.items():  # type: ignore[attr-defined]
+    for name, attr in schema.attributes.items():
         default = onnx.AttributeProto()
         default.ParseFromString(attr._default_value)
         if default.type != onnx.AttributeProto.UNDEFINED:
             default.name = name
             attributes.append(OpSchema.Attribute(name, default, attr.description))
         else:
-            kind = OpSchema.AttrType(int(attr.type))
+            # onnx's stub leaves out the int constructor its pybind11 enums have.
+            kind = OpSchema.AttrType(int(attr.type))  # type: ignore[call-arg]
             attributes.append(
                 OpSchema.Attribute(name, kind, attr.description, required=attr.required)
             )
 
-    def formal(param: object) -> OpSchema.FormalParameter:
+    def formal(param: Any) -> onnx.defs.OpSchema.FormalParameter:
         return OpSchema.FormalParameter(
-            param.name,  # type: ignore[attr-defined]
-            param.typeStr,  # type: ignore[attr-defined]
-            param.description,  # type: ignore[attr-defined]
-            param_option=OpSchema.FormalParameterOption(int(param.option)),  # type: ignore[attr-defined]
-            is_homogeneous=param.isHomogeneous,  # type: ignore[attr-defined]
+            param.name,
+            param.typeStr,
+            param.description,
+            param_option=OpSchema.FormalParameterOption(int(param.option)),  # type: ignore[call-arg]
+            is_homogeneous=param.isHomogeneous,
         )
 
     return OpSchema(
-        schema.name,  # type: ignore[attr-defined]
+        schema.name,
         domain,
-        schema.since_version,  # type: ignore[attr-defined]
-        schema.doc or "",  # type: ignore[attr-defined]
-        inputs=[formal(p) for p in schema.inputs],  # type: ignore[attr-defined]
-        outputs=[formal(p) for p in schema.outputs],  # type: ignore[attr-defined]
+        schema.since_version,
+        schema.doc or "",
+        inputs=[formal(p) for p in schema.inputs],
+        outputs=[formal(p) for p in schema.outputs],
         type_constraints=[
             (t.type_param_str, list(t.allowed_type_strs), t.description)
-            for t in schema.type_constraints  # type: ignore[attr-defined]
+            for t in schema.type_constraints
         ],
         attributes=attributes,
     )

@@ -18,6 +18,7 @@ import onnx_ir as ir
 from onnxfuse.graph.traversal import owned_graphs, subgraphs
 from onnxfuse.ops import extension as extension_ops
 from onnxfuse.ops import schemas
+from onnxfuse.support.ir_types import tensor_shape
 
 # Initializers above this many elements reach onnx's inference as external references
 # (type and shape, no data). No operator's inference reads such a tensor's data
@@ -68,12 +69,12 @@ def infer_node(node: ir.Node, opset: int) -> None:
     except Exception:  # onnx raises several types for nodes it cannot infer
         return
     for output in node.outputs:
-        type_proto = inferred.get(output.name or "")
-        if type_proto is None or output.type is not None:
+        inferred_type = inferred.get(output.name or "")
+        if inferred_type is None or output.type is not None:
             continue
         try:
-            output.type = ir.serde.deserialize_type_proto_for_type(type_proto)
-            output.shape = ir.serde.deserialize_type_proto_for_shape(type_proto)
+            output.type = ir.serde.deserialize_type_proto_for_type(inferred_type)
+            output.shape = ir.serde.deserialize_type_proto_for_shape(inferred_type)
         except Exception:  # an inferred type the IR cannot hold: leave it unknown
             continue
 
@@ -265,9 +266,10 @@ def weights_as_placeholders(
                 tensor = value.const_value
                 if tensor is None or isinstance(tensor, ir.ExternalTensor) or not large(tensor):
                     continue
+                assert value.name is not None  # an initializer is registered by its name
                 saved.append((value, tensor))
                 value.const_value = ir.ExternalTensor(
-                    location, None, None, tensor.dtype, shape=tensor.shape, name=value.name
+                    location, None, None, tensor.dtype, shape=tensor_shape(tensor), name=value.name
                 )
         yield
     finally:

@@ -20,6 +20,7 @@ import onnxruntime as ort
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.planner.lifetimes import used_values
 from onnxfuse.planner.plan import ListedTensor, Plan, PlannedTensor, tensor_info
+from onnxfuse.support.ir_types import value_name
 
 # Tolerances against the whole-model run (which may fuse ops and round differently).
 _TOLERANCE = {
@@ -56,8 +57,8 @@ class ArenaExecutor:
         # Garbage first (NaN for floats): reading a byte no step wrote shows in the outputs.
         self.arena.fill(0xFF)
         outside: dict[str, np.ndarray] = {
-            v.name: v.const_value.numpy()
-            for v in self._model.graph.initializers.values()
+            name: v.const_value.numpy()
+            for name, v in self._model.graph.initializers.items()
             if v.const_value is not None
         }
         outside.update(feeds)
@@ -133,7 +134,7 @@ class ArenaExecutor:
         for k, name in enumerate(proto.output):
             if name in self._plan.omitted:
                 proto.output[k] = ""
-        inputs = list(dict.fromkeys(v.name for v in used_values(node)))
+        inputs = list(dict.fromkeys(value_name(v) for v in used_values(node)))
         graph = onnx.helper.make_graph(
             [proto],
             "step",
@@ -164,8 +165,9 @@ def random_feeds(model: ir.Model, plan: Plan, seed: int = 0) -> dict[str, np.nda
     initializers = model.graph.initializers
     feeds = {}
     for t in plan.inputs:
-        if t.name in initializers and initializers[t.name].const_value is not None:
-            feeds[t.name] = initializers[t.name].const_value.numpy()
+        default = initializers[t.name].const_value if t.name in initializers else None
+        if default is not None:
+            feeds[t.name] = default.numpy()
             continue
         dtype = tensor_info(t).dtype.numpy()
         if np.issubdtype(dtype, np.floating):

@@ -103,10 +103,9 @@ def _inplace_problem(
         allowed = allows_inplace(op)
     else:
         node = lifetimes.steps[out.first]
-        positions = inplace_inputs(node)
+        inputs = [node.inputs[p] for p in inplace_inputs(node) if p < len(node.inputs)]
         allowed = node.outputs[0].name == out.name and any(
-            p < len(node.inputs) and node.inputs[p] is not None and node.inputs[p].name == src.name
-            for p in positions
+            v is not None and v.name == src.name for v in inputs
         )
     return None if allowed else f"{claim}: {op} may not write its output over that input"
 

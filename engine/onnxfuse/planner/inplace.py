@@ -63,7 +63,7 @@ def find_inplace(lifetimes: Lifetimes) -> dict[str, str]:
         out = by_name[node.outputs[0].name]
         for pos in inplace_inputs(node):
             value = node.inputs[pos] if pos < len(node.inputs) else None
-            src = by_name.get(value.name) if value is not None else None
+            src = by_name.get(value.name) if value is not None and value.name is not None else None
             if src is not None and can_share(src, out, step):
                 pairs[out.name] = src.name
                 break

@@ -10,6 +10,7 @@ import onnx_ir as ir
 
 from onnxfuse.errors import ModelError
 from onnxfuse.planner.shapes import TensorInfo
+from onnxfuse.support.ir_types import value_name
 
 # Ops whose output differs between runs: never evaluated ahead of time.
 _NONDETERMINISTIC = {
@@ -140,10 +141,14 @@ def compute_lifetimes(
         reason = found or "has no type or shape after shape inference"
         raise ModelError(f"{role} {value.name!r} {reason}")
 
+    def listed(value: ir.Value, role: str) -> Listed:
+        found = info(value, role)
+        return Listed(value_name(value), found)
+
     consts = constant_values(model)
-    inputs = [Listed(v.name, info(v, "input")) for v in graph.inputs if v not in consts]
-    outputs = [Listed(v.name, info(v, "output")) for v in graph.outputs]
-    initializers = [Listed(v.name, info(v, "initializer")) for v in graph.initializers.values()]
+    inputs = [listed(v, "input") for v in graph.inputs if v not in consts]
+    outputs = [listed(v, "output") for v in graph.outputs]
+    initializers = [listed(v, "initializer") for v in graph.initializers.values()]
     constants = [Listed(v.name, info(v, "constant")) for n in folded for v in n.outputs if v.name]
     graph_outputs = set(graph.outputs)
     read = {v for node in steps for v in used_values(node)}

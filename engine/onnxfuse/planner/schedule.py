@@ -44,8 +44,8 @@ def _greedy(lifetimes: Lifetimes, rule: _Score) -> list[int]:
             readers[name] = readers.get(name, 0) + 1
     succs: list[list[int]] = [[] for _ in steps]
     for i, ps in enumerate(preds):
-        for p in ps:
-            succs[p].append(i)
+        for pred in ps:
+            succs[pred].append(i)
     waiting = [len(ps) for ps in preds]
     ready = {i for i, w in enumerate(waiting) if w == 0}
     live = 0

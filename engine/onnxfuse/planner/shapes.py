@@ -10,6 +10,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxfuse.errors import ModelError
+from onnxfuse.support.ir_types import tensor_shape, value_name
 
 # Initializers larger than this are passed to shape inference as typed inputs without
 # their data: shape inference only needs the small ones (shapes, axes) as values.
@@ -61,10 +62,10 @@ def infer_tensor_infos(model: ir.Model, dims: Mapping[str, int]) -> dict[str, Te
         first = str(exc).strip().splitlines()[0][:300]
         raise ModelError(f"shape inference failed: {first}") from None
     infos: dict[str, TensorInfo | str] = {}
-    graph = inferred.graph
-    for vi in (*graph.input, *graph.value_info, *graph.output):
+    graph_proto = inferred.graph
+    for vi in (*graph_proto.input, *graph_proto.value_info, *graph_proto.output):
         infos[vi.name] = _info_from_type(vi.type)
-    for init in graph.initializer:
+    for init in graph_proto.initializer:
         if init.data_type == onnx.TensorProto.STRING:
             infos[init.name] = "is a string tensor: its size is not known before it is computed"
         else:
@@ -83,14 +84,15 @@ def _add_loop_carried(graph: ir.Graph, infos: dict[str, TensorInfo | str]) -> No
         n_carried = len(node.inputs) - 2
         for out, declared in zip(node.outputs[:n_carried], body_outputs[1:], strict=False):
             shape = declared.shape
-            if isinstance(infos.get(out.name), TensorInfo) or declared.dtype is None:
+            name = value_name(out)
+            if isinstance(infos.get(name), TensorInfo) or declared.dtype is None:
                 continue
             if shape is not None and all(isinstance(d, int) for d in shape):
-                infos[out.name] = TensorInfo(declared.dtype, tuple(shape))
+                infos[name] = TensorInfo(declared.dtype, shape.numpy())
 
 
 def _bind(dim: int | ir.SymbolicDim, dims: Mapping[str, int]) -> int | ir.SymbolicDim:
-    if isinstance(dim, ir.SymbolicDim) and dim.value in dims:
+    if isinstance(dim, ir.SymbolicDim) and dim.value is not None and dim.value in dims:
         return dims[dim.value]
     return dim
 
@@ -112,7 +114,7 @@ def _proto_without_big_weights(model: ir.Model) -> onnx.ModelProto:
             big = tensor.nbytes > _SMALL_INITIALIZER_BYTES
         if big:
             if tensor is not None:
-                value.dtype, value.shape = tensor.dtype, tensor.shape
+                value.dtype, value.shape = tensor.dtype, tensor_shape(tensor)
             if value not in graph.inputs:
                 graph.inputs.append(value)
             graph.initializers.pop(name)

@@ -661,8 +661,8 @@ def save_counterexample(
     }
     for key, value in entries.items():
         model.metadata_props.add(key=META + key, value=value)
-    for name, value in (failure.feeds or {}).items():
-        tensor = numpy_helper.from_array(np.asarray(value), name)
+    for name, array in (failure.feeds or {}).items():
+        tensor = numpy_helper.from_array(np.asarray(array), name)
         model.metadata_props.add(
             key=f"{META}input.{name}", value=base64.b64encode(tensor.SerializeToString()).decode()
         )

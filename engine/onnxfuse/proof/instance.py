@@ -259,14 +259,14 @@ class _Builder:
         for name, tensor in tensors.items():
             if tensor.kind != "absent" and math.prod(tensor.dims) > MAX_ELEMENTS:
                 raise Reject(f"{name} has more than {MAX_ELEMENTS} elements")
-        spec = InstanceSpec(
+        instance_spec = InstanceSpec(
             opset=opset,
             tensors=tensors,
             nodes=nodes,
             outputs=[v.name for v in source.outputs],
             extra_opsets={d: 1 for d in {n.domain for n in nodes} if d not in ("", "ai.onnx")},
         )
-        return Instance(rule, source_index, dtype, spec, env, draws, data_seed)
+        return Instance(rule, source_index, dtype, instance_spec, env, draws, data_seed)
 
     def _variable(
         self,
@@ -474,7 +474,8 @@ def _dims(value: Any, where: str) -> tuple[int, ...]:
 
 def attribute_type(schema: onnx.defs.OpSchema | None, name: str, value: Any, written: int) -> int:
     if schema is not None and name in schema.attributes:
-        return int(schema.attributes[name].type)
+        # onnx's stub leaves out the __int__ of its pybind11 enums.
+        return int(schema.attributes[name].type)  # type: ignore[call-overload]
     if written:
         return written
     return helper.make_attribute(name, _attr_python(value)).type

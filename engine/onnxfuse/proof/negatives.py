@@ -221,7 +221,8 @@ def _literals(instance: Instance) -> list[Mutation]:
             default = schemas.attribute_default(node.domain, node.op_type, version, attr_name)
             if not schemas.has_default(default):
                 continue
-            attr_type = int(attr_schema.type)
+            # onnx's stub leaves out the __int__ of its pybind11 enums.
+            attr_type = int(attr_schema.type)  # type: ignore[call-overload]
             if attr_type not in (onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT) and not (
                 attr_type == onnx.AttributeProto.STRING and str(default) in _OTHER_STRINGS
             ):

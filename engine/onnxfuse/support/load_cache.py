@@ -26,7 +26,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ def cached(kind: str, key: Callable[[], bytes], load: Callable[[], T]) -> T:
     entry = folder / f"{kind}-{digest}{_SUFFIX}"
     found = _read(entry)
     if found is not None:
-        return found
+        return cast(T, found)  # what this kind's load() returned when the entry was written
     result = load()
     try:
         unchanged = key() == named
@@ -100,7 +100,7 @@ def _environment() -> bytes:
     engine = Path(__file__).resolve().parents[1]  # the onnxfuse package
     parts = [
         sys.version.encode(),
-        pickle.format_version.encode(),
+        pickle.format_version.encode(),  # type: ignore[attr-defined]  # typeshed omits it
         stat_key(sorted(engine.rglob("*.py"))),
     ]
     for name in _DEPENDENCIES:

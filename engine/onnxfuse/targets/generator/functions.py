@@ -68,7 +68,8 @@ def _static_function_schemas() -> tuple[onnx.defs.OpSchema, ...]:
     found = [
         s
         for s in onnx.defs.get_all_schemas_with_history()
-        if s.domain in ("", "ai.onnx") and s.has_function and not s.deprecated
+        # onnx's stub leaves out OpSchema's function members (has_function, ...).
+        if s.domain in ("", "ai.onnx") and s.has_function and not s.deprecated  # type: ignore[attr-defined]
     ]
     return tuple(sorted(found, key=lambda s: (s.name, s.since_version)))
 
@@ -168,7 +169,8 @@ def _body_ops(schema: onnx.defs.OpSchema, opset: int) -> list[str]:
 
 def _function(schema: onnx.defs.OpSchema, opset: int) -> onnx.FunctionProto | None:
     try:
-        raw = schema.get_function_with_opset_version(opset)
+        # onnx's stub leaves out OpSchema's function members.
+        raw = schema.get_function_with_opset_version(opset)  # type: ignore[attr-defined]
     except Exception:  # onnx has no body for this opset
         return None
     return _valid_at(onnx.FunctionProto.FromString(raw) if raw else None, opset)
@@ -310,13 +312,18 @@ def _facts(node: onnx.NodeProto, inputs: list[str | None], opset: int) -> NodeFa
 def _expand(
     schema: onnx.defs.OpSchema, node: onnx.NodeProto, inputs: list[str | None], opset: int
 ) -> onnx.FunctionProto | None:
-    if schema.has_function:
+    # onnx's stub leaves out OpSchema's function members (has_function, ...).
+    if schema.has_function:  # type: ignore[attr-defined]
         return _function(schema, opset)
-    if not schema.has_context_dependent_function or None in inputs:
+    if not schema.has_context_dependent_function or None in inputs:  # type: ignore[attr-defined]
         return None
-    types = [onnx.helper.make_tensor_type_proto(_elem(t), None).SerializeToString() for t in inputs]
+    types = [
+        onnx.helper.make_tensor_type_proto(_elem(t), None).SerializeToString()
+        for t in inputs
+        if t is not None  # every one: None returned above
+    ]
     try:
-        raw = schema.get_context_dependent_function_with_opset_version(
+        raw = schema.get_context_dependent_function_with_opset_version(  # type: ignore[attr-defined]
             opset, node.SerializeToString(), types
         )
     except Exception:  # no body for this node (e.g. an attribute it needs is missing)
