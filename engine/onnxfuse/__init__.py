@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 
 # Imported on first use: `import onnxfuse` stays cheap, and the command line, which
 # imports this package first, loads only what its command needs.
-_EXPORTS = {
+_EXPORTS: dict[str, str | tuple[str, str]] = {
     "optimize": "api",
     "explain": "api",
     "select_rules": "api",

@@ -111,8 +111,9 @@ def select_rules(
     drops the packs it ``replaces`` and brings in those it ``extends``.
     """
     packs = load_builtin_packs() if builtin else []
-    packs += load_packs(list(extra or []))
-    target_name = resolve_target(target).name if target is not None else None
+    packs += load_packs([Path(p) for p in extra or []])
+    resolved = resolve_target(target)
+    target_name = resolved.name if resolved is not None else None
     rules = [rule for pack in resolve_packs(packs, target_name) for rule in pack.rules]
     check_unique(rules)
     if disable:

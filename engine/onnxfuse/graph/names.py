@@ -48,7 +48,7 @@ def region_hash(roots: list[ir.Value], depth: int) -> int:
     region: set[int] = set()
     frontier = [n for v in roots for n in v.consumers()]
     for _ in range(depth):
-        next_frontier = []
+        next_frontier: list[ir.Node] = []
         for node in frontier:
             if id(node) not in region:
                 region.add(id(node))

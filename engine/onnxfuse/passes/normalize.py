@@ -8,6 +8,8 @@ the same computation twice.
 
 from __future__ import annotations
 
+from typing import cast
+
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
@@ -47,7 +49,7 @@ def adopt_ir4_initializers(model: ir.Model) -> None:
             tensor = value.const_value
             if tensor is not None:
                 value.type = ir.TensorType(tensor.dtype)
-                value.shape = tensor.shape
+                value.shape = cast(ir.Shape, tensor.shape)  # a tensor's shape is a Shape
 
 
 def normalize(

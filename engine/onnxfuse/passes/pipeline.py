@@ -121,12 +121,14 @@ class OptimizePass(ir.passes.InPlacePass):
 
 @dataclass
 class _Interface:
-    inputs: list[tuple[str, object, object]]
-    outputs: list[tuple[str, object, object]]
+    inputs: list[tuple[str, ir.TypeProtocol | None, ir.Shape | None]]
+    outputs: list[tuple[str, ir.TypeProtocol | None, ir.Shape | None]]
 
 
 def _interface(model: ir.Model) -> _Interface:
-    def describe(values: list[ir.Value]) -> list[tuple[str, object, object]]:
+    def describe(
+        values: list[ir.Value],
+    ) -> list[tuple[str, ir.TypeProtocol | None, ir.Shape | None]]:
         return [(v.name or "", v.type, v.shape) for v in values]
 
     return _Interface(describe(list(model.graph.inputs)), describe(list(model.graph.outputs)))

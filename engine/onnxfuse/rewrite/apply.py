@@ -179,11 +179,11 @@ def _make_attribute(
         raise Blocked(f"{op_type}.{name} cannot hold {value!r}: {exc}") from None
 
 
-def _attribute_type(domain: str, op_type: str, opset: int, name: str, written: int) -> int:
+def _attribute_type(domain: str, op_type: str, opset: int, name: str, written: Any) -> int:
     schema = schemas.get_schema(domain, op_type, opset)
     if schema is not None and name in schema.attributes:
-        return int(schema.attributes[name].type)
-    return written
+        return int(schema.attributes[name].type)  # type: ignore[call-overload]  # an int enum
+    return written  # the attribute kind the rule wrote
 
 
 def _convert(name: str, value: Any, attr_type: int) -> ir.Attr:

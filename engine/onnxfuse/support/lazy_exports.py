@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_getattr(package: str, exports: dict[str, str | tuple[str, str]]) -> Callable[[str], Any]:
+def lazy_getattr(
+    package: str, exports: Mapping[str, str | tuple[str, str]]
+) -> Callable[[str], Any]:
     """A module ``__getattr__`` for ``package`` that imports each name of ``exports``
     (name -> submodule, or (submodule, its name there)) when it is first asked for."""
 
