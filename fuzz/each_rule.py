@@ -69,6 +69,7 @@ def enabled_targets(rule, domain, targets: Sequence[str], opset: int) -> list[st
     the rule creates."""
     from onnxfuse.errors import OnnxfuseError
     from onnxfuse.proof.check import resolved_domain_params, unavailable_here
+    from onnxfuse.rewrite.plan import plan_replacement
 
     found = []
     for name in targets:
@@ -83,7 +84,8 @@ def enabled_targets(rule, domain, targets: Sequence[str], opset: int) -> list[st
             continue  # a parameter this target does not take
         if any(target.params.get(k) != v for k, v in wanted.items()):
             continue
-        if target.unsupported_ops(rule, set(), {"": opset, "com.microsoft": 1}):
+        plan = plan_replacement(rule, set(), {"": opset, "com.microsoft": 1})
+        if target.unsupported(plan.kernels()):
             continue
         found.append(name)
     return found

@@ -25,7 +25,8 @@ from onnxfuse.language.rule import Rule
 from onnxfuse.passes import pipeline
 from onnxfuse.passes.normalize import normalize
 from onnxfuse.passes.pipeline import Options
-from onnxfuse.rewrite.matcher import Matcher, ModelContext
+from onnxfuse.rewrite.conditions import RuleMatcher
+from onnxfuse.rewrite.matcher import ModelContext
 from onnxfuse.rewrite.report import Report
 from onnxfuse.support.heap import long_lived_objects_frozen
 from onnxfuse.targets.capabilities import Target, resolve_target
@@ -216,7 +217,7 @@ def explain(
     """For each node where ``rule`` could anchor, whether it matches and, if not, why."""
     normalize(model)  # rules see the model as optimize does
     context = ModelContext(model.ir_version or 10, dict(model.opset_imports))
-    matcher = Matcher(rule, context, target)
+    matcher = RuleMatcher(rule, context, target)
     results = []
     for graph in all_graphs(model):
         for node in graph:
@@ -231,7 +232,7 @@ def explain(
                     op_type=node.op_type,
                     graph="" if graph is model.graph else (graph.name or "<subgraph>"),
                     matched=match is not None,
-                    reason=None if match is not None else matcher.failure,
+                    reason=None if match is not None else str(matcher.mismatch),
                 )
             )
     if node_name is not None and not results:

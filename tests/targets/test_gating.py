@@ -20,9 +20,10 @@ from onnxfuse.api import select_rules
 from onnxfuse.files.model_io import check_model
 from onnxfuse.passes.normalize import normalize
 from onnxfuse.passes.pipeline import Options, op_histogram, optimize
-from onnxfuse.rewrite.matcher import Matcher, ModelContext
+from onnxfuse.rewrite.conditions import RuleMatcher
+from onnxfuse.rewrite.matcher import ModelContext
+from onnxfuse.rewrite.plan import plan_replacement
 from onnxfuse.targets.capabilities import load_target
-from onnxfuse.targets.facts import created_nodes
 
 F32, F16 = np.float32, np.float16
 
@@ -350,12 +351,12 @@ def test_attribute_limit_blocks_a_new_gemm_with_transA():
     coreml, _ = optimized(model, rule, "coreml")
     assert cpu == {"Gemm": 1}
     assert coreml == {"Gemm": 1, "Transpose": 1}  # CoreML Gemm: "transA==0"
-    explained = Matcher(rule[0], ModelContext(8, {"": 17}), load_target("coreml"))
+    explained = RuleMatcher(rule[0], ModelContext(8, {"": 17}), load_target("coreml"))
     normalized = ir.from_proto(model)
     normalize(normalized)
     gemm = next(n for n in normalized.graph if n.op_type == "Gemm")
     assert explained.match(gemm) is None
-    assert "attribute transA=1" in explained.failure
+    assert "attribute transA=1" in str(explained.mismatch)
 
 
 @pytest.mark.parametrize(("rank", "fires"), [(4, True), (5, False)])
@@ -380,7 +381,7 @@ def test_explain_names_the_element_type(rules):
     model = ir.from_proto(encoder_block(dtype=F16))
     normalize(model)
     rule = next(r for r in rules if r.name == "ort-bias-gelu")
-    matcher = Matcher(rule, ModelContext(8, {"": 17}), load_target("cpu"))
+    matcher = RuleMatcher(rule, ModelContext(8, {"": 17}), load_target("cpu"))
     anchors = [n for n in model.graph if (n.domain, n.op_type) in rule.anchor_keys]
     assert all(matcher.match(n) is None for n in anchors)
     # the erf chain is not fused yet, so BiasGelu's own anchor (a Gelu) is absent;
@@ -388,7 +389,7 @@ def test_explain_names_the_element_type(rules):
     optimize(model, [r for r in rules if r.name == "ort-gelu-erf"], Options(target=None))
     gelu = next(n for n in model.graph if n.op_type == "Gelu")
     assert matcher.match(gelu) is None
-    assert "com.microsoft::BiasGelu for T=float16" in matcher.failure
+    assert "com.microsoft::BiasGelu for T=float16" in str(matcher.mismatch)
 
 
 RELU_TO_GELU = """
@@ -412,12 +413,17 @@ def test_unknown_element_types_fall_back_to_opset_gating():
     untyped = ir.Value(name="x")
     cpu = load_target("cpu")
     opsets = {"": 17, "com.microsoft": 1}
-    assert cpu.unsupported_ops(rule, set(), opsets, values={"X": typed}) == [
-        "com.microsoft::Gelu for T=float16"
-    ]
-    assert cpu.unsupported_ops(rule, set(), opsets, values={"X": untyped}) == []
-    assert load_target("nnapi").unsupported_ops(rule, set(), opsets, values={"X": untyped})
-    (facts,) = created_nodes(rule, set(), opsets, values={"X": untyped})
+    assert cpu.unsupported(
+        plan_replacement(rule, set(), opsets, values={"X": typed}).kernels()
+    ) == ["com.microsoft::Gelu for T=float16"]
+    assert (
+        cpu.unsupported(plan_replacement(rule, set(), opsets, values={"X": untyped}).kernels())
+        == []
+    )
+    assert load_target("nnapi").unsupported(
+        plan_replacement(rule, set(), opsets, values={"X": untyped}).kernels()
+    )
+    (facts,) = plan_replacement(rule, set(), opsets, values={"X": untyped}).kernels()
     assert facts.inputs[0].dtype is None
 
 

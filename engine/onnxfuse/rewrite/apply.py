@@ -1,4 +1,4 @@
-"""Applying a match: build the target's nodes, rewire uses, remove the source."""
+"""Applying a match: build the replacement plan's nodes, rewire uses, remove the source."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import onnx_ir as ir
 from onnxfuse.fold.folder import Folder
 from onnxfuse.graph.names import NameSource
 from onnxfuse.language.guards import constant_tensor
-from onnxfuse.language.pattern import AttrLiteral
 from onnxfuse.ops import schemas
 from onnxfuse.ops.inference import infer_node, schema_dtypes
-from onnxfuse.rewrite.matcher import ABSENT, Match, ModelContext
+from onnxfuse.rewrite.matcher import Match, ModelContext
+from onnxfuse.rewrite.plan import PlannedAttribute, plan_match
 
 
 class Blocked(Exception):
@@ -38,20 +38,13 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
     created: list[ir.Node] = []
     base = anchor.name or match.rule.name
     _check_absent_inputs(match, env, context)
-    for pnode in target.nodes:
+    for planned in plan_match(match, context).nodes:
+        pnode = planned.pattern
         inputs = [None if pv is None else env[pv.name] for pv in pnode.inputs]
-        opset = context.opset(pnode.domain)
         attributes = [
-            attr
-            for name, spec in pnode.attributes.items()
-            if (attr := _make_attribute(pnode.domain, pnode.op_type, opset, name, spec, match))
-            is not None
+            _make_attribute(pnode.op_type, planned.facts.opset, pnode.domain, attribute)
+            for attribute in planned.attributes
         ]
-        for pvalue in pnode.outputs:
-            if pvalue is not None and pvalue.name in match.copied:
-                named = {a.name for a in attributes}
-                copied = match.copied[pvalue.name].values()
-                attributes.extend(a for a in copied if a.name not in named)
         node = ir.Node(
             pnode.domain,
             pnode.op_type,
@@ -166,17 +159,14 @@ def _keep_type(old: ir.Value, new: ir.Value) -> None:
         new.shape = old.shape
 
 
-def _make_attribute(
-    domain: str, op_type: str, opset: int, name: str, spec: Any, match: Match
-) -> ir.Attr | None:
-    value = spec.value if isinstance(spec, AttrLiteral) else match.attrs.get(spec.var, ABSENT)
-    if value is ABSENT or value is None:
-        return None  # an unset attribute stays unset, as in ONNX functions
-    attr_type = _attribute_type(domain, op_type, opset, name, spec.attr_type)
+def _make_attribute(op_type: str, opset: int, domain: str, planned: PlannedAttribute) -> ir.Attr:
+    if planned.copied is not None:
+        return planned.copied
+    attr_type = _attribute_type(domain, op_type, opset, planned.name, planned.written_type)
     try:
-        return _convert(name, value, attr_type)
+        return _convert(planned.name, planned.value, attr_type)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise Blocked(f"{op_type}.{name} cannot hold {value!r}: {exc}") from None
+        raise Blocked(f"{op_type}.{planned.name} cannot hold {planned.value!r}: {exc}") from None
 
 
 def _attribute_type(domain: str, op_type: str, opset: int, name: str, written: Any) -> int:

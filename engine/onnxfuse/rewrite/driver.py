@@ -21,7 +21,8 @@ from onnxfuse.graph.names import NameSource, region_hash
 from onnxfuse.graph.traversal import owned_graphs
 from onnxfuse.language.rule import Rule
 from onnxfuse.rewrite.apply import Blocked, apply_match, fold_and_type
-from onnxfuse.rewrite.matcher import Match, Matcher, ModelContext, StructureMemo
+from onnxfuse.rewrite.conditions import RuleMatcher
+from onnxfuse.rewrite.matcher import Match, ModelContext, StructureMemo
 from onnxfuse.rewrite.report import Report, StopKind, StopReason
 from onnxfuse.targets.capabilities import Target
 
@@ -45,18 +46,19 @@ def order_rules(rules: list[Rule]) -> list[Rule]:
 
 class MatcherCache:
     """One matcher per rule and model context, reused by every fixpoint pass and phase
-    (a matcher keeps only per-pattern caches and the last failure between matches)."""
+    (a matcher keeps only per-pattern caches, the target's verdicts and the last
+    mismatch between matches)."""
 
     def __init__(self, target: Target | None):
         self.target = target
-        self._made: dict[tuple[int, int, tuple[tuple[str, int], ...]], Matcher] = {}
+        self._made: dict[tuple[int, int, tuple[tuple[str, int], ...]], RuleMatcher] = {}
         self._rules: list[Rule] = []  # keeps the ids in the keys alive
 
-    def get(self, rule: Rule, context: ModelContext) -> Matcher:
+    def get(self, rule: Rule, context: ModelContext) -> RuleMatcher:
         key = (id(rule), context.ir_version, tuple(sorted(context.opsets.items())))
         found = self._made.get(key)
         if found is None:
-            found = self._made[key] = Matcher(rule, context, self.target)
+            found = self._made[key] = RuleMatcher(rule, context, self.target)
             self._rules.append(rule)
         return found
 
@@ -116,7 +118,7 @@ class Driver:
         return [(g, ModelContext(ir_version, opsets)) for g, opsets, _ in owned_graphs(self.model)]
 
     def _fixpoint(self, graph: ir.Graph, context: ModelContext, made: MatcherCache) -> bool:
-        matchers: dict[int, Matcher] = {}  # on first use: most rules never meet their anchor
+        matchers: dict[int, RuleMatcher] = {}  # on first use: most rules never meet their anchor
         queue: deque[ir.Node] = deque(graph)
         queued = {id(n) for n in queue}
         changed = False

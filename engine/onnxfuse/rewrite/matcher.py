@@ -1,26 +1,27 @@
-"""Matching a rule's source patterns at a graph node.
+"""Matching a rule's source patterns at a graph node: structure only.
 
 The matcher anchors a pattern on the producer of its first output and walks
 backwards through producers; pattern roots not reached that way are found
 among the consumers of values already bound. Commutative inputs are tried in
-every order by backtracking, so a rule is never copied per input order.
+every order by backtracking, so a rule is never copied per input order. It
+yields each structural match (op types, attributes, constants, the safety rule
+on intermediates); guards, lets and the target's capabilities are the job of
+``conditions``. Why nothing matched is a ``Mismatch``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from onnxfuse.language.guards import Guard, GuardUnknown, ValueRef, constant_tensor
+from onnxfuse.language.guards import constant_tensor
 from onnxfuse.language.pattern import AttrLiteral, AttrRef, Pattern, PatternNode, PatternValue
-from onnxfuse.language.rule import ALTERNATIVE, TARGET_PARAMS, Rule
+from onnxfuse.language.rule import Rule
 from onnxfuse.ops import schemas
-from onnxfuse.targets.capabilities import Target
-from onnxfuse.targets.facts import value_facts
 
 # Marks an attribute bound by the pattern but absent on the node, without a default.
 ABSENT = type("Absent", (), {"__repr__": lambda self: "<absent>"})()
@@ -46,6 +47,31 @@ class ModelContext:
 
     def opset(self, domain: str) -> int:
         return self.opsets.get(domain, 1)
+
+
+@dataclass(frozen=True, order=True)
+class Rank:
+    """How far a match got before it failed: whole-match checks (the safety rule,
+    guards, lets, the target) rank after every structural failure, and a structural
+    failure that matched more nodes, then bound more values, ranks higher."""
+
+    whole_match: bool = False
+    nodes: int = 0
+    values: int = 0
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Why a rule did not match at a node: the failure that got furthest (``rank``)."""
+
+    reason: str
+    rank: Rank = Rank()
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+_WHOLE_MATCH = Rank(whole_match=True)
 
 
 @dataclass
@@ -77,18 +103,17 @@ class Match:
 
 
 class Matcher:
-    """Finds matches of one rule; records the first reason a match failed."""
+    """Finds the structural matches of one rule; ``mismatch`` says why the last search
+    found none that was accepted."""
 
-    def __init__(self, rule: Rule, context: ModelContext, target: Target | None = None):
+    def __init__(self, rule: Rule, context: ModelContext):
         self.rule = rule
         self.context = context
-        self.target = target
-        self.failure: str | None = None
-        self._progress = self._failure_progress = 0
+        self.mismatch: Mismatch | None = None
+        self._rank = Rank()
         self._anchors = [source.anchor for source in rule.sources]
         # Pattern nodes that accept any further attributes, which the target copies.
         self.open_nodes: dict[int, str] = {}
-        self._verdicts: dict[Hashable, list[str]] = {}  # the target's, by facts
         for source_name, target_name in rule.copy_attributes.items():
             for source in rule.sources:
                 producer = source.values[source_name].producer
@@ -98,12 +123,16 @@ class Matcher:
     def _fail(self, reason: str | Callable[[], str]) -> None:
         # Keep the failure that got furthest into the pattern: the informative one.
         # Hot paths pass a callable: the message is built only when it is kept.
-        if self.failure is None or self._progress > self._failure_progress:
-            self.failure = reason if isinstance(reason, str) else reason()
-            self._failure_progress = self._progress
+        if self.mismatch is None or self._rank > self.mismatch.rank:
+            self.mismatch = Mismatch(reason if isinstance(reason, str) else reason(), self._rank)
+
+    def refuse(self, reason: str) -> None:
+        """A structural match that a condition refused (a guard, a let, the target)."""
+        self._rank = _WHOLE_MATCH
+        self._fail(reason)
 
     def _advance(self, state: _State) -> None:
-        self._progress = 100 * len(state.nodes) + len(state.values)
+        self._rank = Rank(False, len(state.nodes), len(state.values))
 
     def opset_allows(self) -> bool:
         for domain, (low, high) in self.rule.opset.items():
@@ -162,11 +191,12 @@ class Matcher:
         memo[seen] = found
         return found
 
-    def match(self, node: ir.Node) -> Match | None:
-        self.failure = None
-        self._progress = self._failure_progress = 0
+    def candidates(self, node: ir.Node) -> Iterator[Match]:
+        """Each structural match anchored at ``node``, in backtracking order."""
+        self.mismatch = None
+        self._rank = Rank()
         if not self.opset_allows():
-            return None
+            return
         for source in self.rule.sources:
             if source.anchor.key != (node.domain, node.op_type):
                 self._fail(f"anchor op is {source.anchor.op_type}, node is {node.op_type}")
@@ -175,8 +205,7 @@ class Matcher:
                 for complete in self._complete(source, state, node.graph):
                     found = self._accept(source, complete)
                     if found is not None:
-                        return found
-        return None
+                        yield found
 
     # -- structure -----------------------------------------------------------
 
@@ -424,7 +453,7 @@ class Matcher:
     # -- whole-match checks ----------------------------------------------------
 
     def _accept(self, source: Pattern, state: _State) -> Match | None:
-        self._progress = 1_000_000  # whole-match checks come after any structural failure
+        self._rank = _WHOLE_MATCH
         outputs: list[ir.Value] = []
         for pvalue in source.outputs:
             value = self._bound_graph_value(pvalue, state)
@@ -457,121 +486,15 @@ class Matcher:
                             f"{consumer.op_type} '{consumer.name}' outside the match"
                         )
                         return None
-        names = _Names(self._guard_names(source, state), self.rule.lets)
-        for guard in self.rule.guards:
-            try:
-                holds = bool(guard.evaluate(names))
-            except GuardUnknown as exc:
-                self._fail(f"guard '{guard.text}' cannot be decided: {exc}")
-                return None
-            if not holds:
-                self._fail(f"guard '{guard.text}' is false")
-                return None
-        attrs = dict(state.attrs)
-        for let_name in self.rule.lets:
-            try:
-                attrs[let_name] = names[let_name]
-            except GuardUnknown as exc:
-                self._fail(f"let {let_name} cannot be computed: {exc}")
-                return None
         copied = {
             self.open_nodes[id(p)]: dict(state.nodes[p.index].attributes)
             for p in source.nodes
             if id(p) in self.open_nodes
         }
-        if self.target is not None:
-            missing = self._unsupported(state, outputs, attrs, copied)
-            if missing:
-                self._fail(f"target '{self.target.name}' cannot run {', '.join(missing)}")
-                return None
         ordered = [state.nodes[p.index] for p in source.nodes]
-        return Match(self.rule, source, ordered, dict(state.values), attrs, outputs, copied)
-
-    def _unsupported(
-        self,
-        state: _State,
-        outputs: list[ir.Value],
-        attrs: dict[str, Any],
-        copied: dict[str, dict[str, Any]],
-    ) -> list[str]:
-        """What a firing would create that the target cannot run. The verdict follows
-        from the facts of the target's inputs and outputs and from the attributes alone:
-        it is kept per set of facts (a fusion fires once per layer with equal facts)."""
-        assert self.target is not None
-        present = {k: v for k, v in attrs.items() if v is not ABSENT}
-        key = self._facts_key(state.values, outputs, present, copied)
-        if key is not None and key in self._verdicts:
-            return self._verdicts[key]
-        constants = {
-            name
-            for name, value in state.values.items()
-            if constant_tensor(value, self.context.ir_version) is not None
-        }
-        missing = self.target.unsupported_ops(
-            self.rule,
-            constants,
-            self.context.opsets,
-            values=state.values,
-            outputs=outputs,
-            attrs=present,
-            copied=copied,
-            ir_version=self.context.ir_version,
+        return Match(
+            self.rule, source, ordered, dict(state.values), dict(state.attrs), outputs, copied
         )
-        if key is not None:
-            self._verdicts[key] = missing
-        return missing
-
-    def _facts_key(
-        self,
-        values: dict[str, ir.Value | None],
-        outputs: list[ir.Value],
-        attrs: dict[str, Any],
-        copied: dict[str, dict[str, Any]],
-    ) -> Hashable | None:
-        """What ``created_nodes`` reads of a match, as a key; None if an attribute holds
-        something without a plain value (a tensor, a graph)."""
-        version = self.context.ir_version
-        try:
-            return (
-                tuple(
-                    value_facts(values[name], version) if name in values else "unbound"
-                    for name in self.rule.target.input_names()
-                ),
-                tuple(value_facts(value, version) for value in outputs),
-                _frozen(attrs),
-                _frozen(copied),
-            )
-        except _NoPlainValue:
-            return None
-
-    def _guard_names(self, source: Pattern, state: _State) -> dict[str, Any]:
-        names: dict[str, Any] = {
-            name: ValueRef(name, value, self.context.ir_version)
-            for name, value in state.values.items()
-        }
-        for pvalue in source.values.values():
-            if pvalue.kind == "node":
-                bound = self._bound_graph_value(pvalue, state)
-                names[pvalue.name] = ValueRef(pvalue.name, bound, self.context.ir_version)
-        for name, value in state.attrs.items():
-            names[name] = None if value is ABSENT else value
-        index = next(i for i, s in enumerate(self.rule.sources) if s is source)
-        names.setdefault(ALTERNATIVE, index)
-        names.setdefault(TARGET_PARAMS, dict(self.target.params) if self.target else {})
-        return names
-
-
-class _Names(dict):
-    """Guard names; `let` values are computed on first use, so guards may use them."""
-
-    def __init__(self, bound: dict[str, Any], lets: dict[str, Guard]):
-        super().__init__(bound)
-        self.lets = lets
-
-    def __missing__(self, name: str) -> Any:
-        expression = self.lets[name]
-        self[name] = value = expression.evaluate(self)
-        return value
 
 
 def _node_attribute(node: ir.Node, name: str, opset: int) -> Any:
@@ -611,23 +534,3 @@ def _show(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"tensor{list(value.shape)}"
     return repr(value)
-
-
-class _NoPlainValue(Exception):
-    pass
-
-
-def _frozen(value: Any) -> Hashable:
-    """``value`` as a key that equals another's exactly when the values are equal and of
-    the same kinds (1, 1.0 and True apart)."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return (type(value).__name__, value)
-    if isinstance(value, (list, tuple)):
-        return ("seq", tuple(_frozen(v) for v in value))
-    if isinstance(value, dict):
-        return ("map", tuple((k, _frozen(v)) for k, v in sorted(value.items())))
-    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind != "O":
-        return ("array", value.dtype.str, value.shape, value.tobytes())
-    if isinstance(value, ir.Attr):
-        return ("attr", value.name, value.type, _frozen(value.value))
-    raise _NoPlainValue

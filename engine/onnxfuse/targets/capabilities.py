@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -22,12 +23,11 @@ import numpy as np
 import onnx.defs
 
 from onnxfuse.errors import OnnxfuseError, one_line
-from onnxfuse.language.rule import Rule
 from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
 from onnxfuse.ops import schemas
 from onnxfuse.support.heap import collector_paused
 from onnxfuse.support.load_cache import cached, file_key
-from onnxfuse.targets.facts import NodeFacts, created_nodes, dtype_name, standard_schema
+from onnxfuse.targets.facts import NodeFacts, dtype_name, standard_schema
 from onnxfuse.targets.params import parse_params, split_spec
 
 OPEN_ENDED = None
@@ -243,29 +243,11 @@ class Target:
                 return support.signature
         return None
 
-    def unsupported_ops(
-        self,
-        rule: Rule,
-        constants: set[str],
-        opsets: dict[str, int],
-        values: dict[str, Any] | None = None,
-        outputs: list[Any] | None = None,
-        attrs: dict[str, Any] | None = None,
-        copied: dict[str, dict[str, Any]] | None = None,
-        ir_version: int = 10,
-    ) -> list[str]:
-        """Nodes a firing would leave in the graph that this target cannot run.
-
-        ``constants`` names the bound variables that are constants: target
-        nodes computed from constants only are folded away and need no kernel.
-        With the match's ``values`` (and its ``outputs``, ``attrs`` and
-        ``copied`` attributes), element types, ranks and attributes of the
-        created nodes are checked too; without them, only op and opset.
-        """
+    def unsupported(self, kernels: Iterable[NodeFacts]) -> list[str]:
+        """What this target cannot run among the nodes a firing would leave in the graph
+        (``ReplacementPlan.kernels``), each problem once."""
         missing: list[str] = []
-        for node in created_nodes(
-            rule, constants, opsets, values, outputs, attrs, copied, ir_version
-        ):
+        for node in kernels:
             problem = self.check_node(node)
             if problem is not None and problem not in missing:
                 missing.append(problem)

@@ -1,20 +1,15 @@
-"""What is known, when a rule fires, about each node its target pattern creates.
+"""Facts about a node a rewrite will create, as gating reads them.
 
-For gating (engine/targets.py) every created node is described by its op, the
-opset it will run at, and for each input and output: element type, rank and
-whether it is a constant. Inputs bound by the match carry the graph's facts;
-values the rewrite replaces keep the type and shape of the value they
-replace; other values the target creates get their element type from the op
-schemas (type variables bound by the inputs, fixed types, Cast's ``to``,
-Constant's attribute kind) and no rank. Anything not known stays None and is
-never held against a rule.
+A node is described by its op, the opset it will run at, its attributes, and for
+each input and output: element type, rank and whether it is a constant. Anything
+not known stays None and is never held against a rule. The rewrite layer's
+replacement plan (``onnxfuse.rewrite.plan``) fills them in; capability files
+(``capabilities.py``) check them.
 """
 
 from __future__ import annotations
 
 import functools
-import numbers
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,21 +19,9 @@ import onnx.defs
 import onnx_ir as ir
 
 from onnxfuse.language.guards import constant_tensor
-from onnxfuse.language.pattern import AttrLiteral, PatternNode
-from onnxfuse.language.rule import Rule
 from onnxfuse.ops import schemas
 
 Signature = tuple[tuple[str, ...], tuple[str, ...]]
-
-# Constant attributes and the element type of the value they make.
-_CONSTANT_KINDS = {
-    "value_float": "float",
-    "value_floats": "float",
-    "value_int": "int64",
-    "value_ints": "int64",
-    "value_string": "string",
-    "value_strings": "string",
-}
 
 
 def dtype_name(data_type: int | ir.DataType | None) -> str | None:
@@ -51,7 +34,7 @@ def dtype_name(data_type: int | ir.DataType | None) -> str | None:
         return None
 
 
-def _numpy_dtype_name(array: np.ndarray) -> str | None:
+def numpy_dtype_name(array: np.ndarray) -> str | None:
     try:
         return dtype_name(onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
     except (KeyError, TypeError, ValueError):
@@ -103,10 +86,10 @@ class NodeFacts:
         bound: dict[str, str] = {}
         for formals, values in zip(signature, (self.inputs, self.outputs)):
             for index, value in enumerate(values):
-                variable = _formal(formals, index)
+                variable = formal_type(formals, index)
                 if variable is None or value is None or value.dtype is None:
                     continue
-                if _is_variable(variable):
+                if is_type_variable(variable):
                     bound.setdefault(variable, value.dtype)
         return bound
 
@@ -128,7 +111,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _formal(formals: tuple[str, ...], index: int) -> str | None:
+def formal_type(formals: tuple[str, ...], index: int) -> str | None:
     if index < len(formals):
         return formals[index].removesuffix("...")
     if formals and formals[-1].endswith("..."):
@@ -136,11 +119,11 @@ def _formal(formals: tuple[str, ...], index: int) -> str | None:
     return None
 
 
-def _is_variable(type_str: str) -> bool:
+def is_type_variable(type_str: str) -> bool:
     return "(" not in type_str
 
 
-def _fixed_type(type_str: str) -> str | None:
+def fixed_type(type_str: str) -> str | None:
     if type_str.startswith("tensor(") and type_str.endswith(")"):
         return type_str[len("tensor(") : -1]
     return None
@@ -163,109 +146,3 @@ def value_facts(value: ir.Value | None, ir_version: int = 10) -> ValueFacts | No
     dtype = dtype_name(value.dtype) if isinstance(value.type, ir.TensorType) else None
     rank = len(value.shape) if value.shape is not None else None
     return ValueFacts(dtype, rank, constant_tensor(value, ir_version) is not None)
-
-
-def created_nodes(
-    rule: Rule,
-    constants: set[str],
-    opsets: dict[str, int],
-    values: dict[str, ir.Value | None] | None = None,
-    outputs: list[ir.Value] | None = None,
-    attrs: dict[str, Any] | None = None,
-    copied: dict[str, dict[str, Any]] | None = None,
-    ir_version: int = 10,
-) -> Iterator[NodeFacts]:
-    """Facts of each target node that will need a kernel (constant-only nodes fold away)."""
-    env: dict[str, ValueFacts | None] = {}
-    for name in rule.target.input_names():
-        if values is not None and name in values:
-            env[name] = value_facts(values[name], ir_version)
-        else:
-            env[name] = ValueFacts(constant=name in constants)
-    replaced = {
-        pvalue.name: value_facts(old, ir_version)
-        for pvalue, old in zip(rule.target.outputs, outputs or [])
-    }
-    for pnode in rule.target.nodes:
-        inputs = [None if pv is None else env.get(pv.name) for pv in pnode.inputs]
-        value_inputs = inputs[:1] if pnode.op_type == "CastLike" else inputs
-        folded = pnode.domain == "" and all(v is None or v.constant for v in value_inputs)
-        opset = opsets.get(pnode.domain, rule.imports.get(pnode.domain, 1))
-        attributes = _attributes(pnode, attrs or {}, copied or {})
-        schema = standard_schema(pnode.domain, pnode.op_type, opset)
-        facts = NodeFacts(pnode.domain, pnode.op_type, opset, inputs, [], attributes)
-        dtypes = _output_dtypes(pnode, facts, schema)
-        for pvalue, dtype in zip(pnode.outputs, dtypes):
-            if pvalue is None:
-                facts.outputs.append(None)
-                continue
-            known = replaced.get(pvalue.name)
-            output = ValueFacts(
-                dtype=(known.dtype if known is not None else None) or dtype,
-                rank=known.rank if known is not None else None,
-                constant=folded,
-            )
-            env[pvalue.name] = output
-            facts.outputs.append(output)
-        if not folded:
-            yield facts
-
-
-def _attributes(
-    pnode: PatternNode, attrs: dict[str, Any], copied: dict[str, dict[str, Any]]
-) -> dict[str, Any]:
-    """The attributes the created node will carry (absent ones left out)."""
-    found: dict[str, Any] = {}
-    for pvalue in pnode.outputs:
-        if pvalue is not None and pvalue.name in copied:
-            for name, attr in copied[pvalue.name].items():
-                found[name] = attr.value if isinstance(attr, ir.Attr) else attr
-    for name, spec in pnode.attributes.items():
-        value = spec.value if isinstance(spec, AttrLiteral) else attrs.get(spec.var)
-        if value is None:
-            found.pop(name, None)
-        else:
-            found[name] = value
-    return found
-
-
-def _output_dtypes(
-    pnode: PatternNode, node: NodeFacts, schema: onnx.defs.OpSchema | None
-) -> list[str | None]:
-    count = len(pnode.outputs)
-    if pnode.domain == "" and pnode.op_type == "Constant":
-        return [_constant_dtype(node.attributes)] * count
-    to = node.attributes.get("to")
-    if pnode.domain == "" and pnode.op_type == "Cast" and isinstance(to, numbers.Integral):
-        return [dtype_name(int(to))] * count
-    if schema is None:
-        return [None] * count
-    formals = tuple(f.type_str for f in schema.inputs), tuple(f.type_str for f in schema.outputs)
-    bound = node.type_bindings(formals)
-    single = {
-        c.type_param_str: _fixed_type(c.allowed_type_strs[0])
-        for c in schema.type_constraints
-        if len(c.allowed_type_strs) == 1
-    }
-    dtypes: list[str | None] = []
-    for index in range(count):
-        type_str = _formal(formals[1], index)
-        if type_str is None:
-            dtypes.append(None)
-        elif _is_variable(type_str):
-            dtypes.append(bound.get(type_str) or single.get(type_str))
-        else:
-            dtypes.append(_fixed_type(type_str))
-    return dtypes
-
-
-def _constant_dtype(attributes: dict[str, Any]) -> str | None:
-    for name, value in attributes.items():
-        if name in _CONSTANT_KINDS:
-            return _CONSTANT_KINDS[name]
-        if name == "value":
-            if isinstance(value, np.ndarray):
-                return _numpy_dtype_name(value)
-            if isinstance(value, ir.TensorProtocol):
-                return dtype_name(value.dtype)
-    return None

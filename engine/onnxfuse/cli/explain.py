@@ -1,0 +1,43 @@
+"""`onnxfuse explain IN --rule NAME`: why a rule does or does not match, node by node."""
+
+from __future__ import annotations
+
+import argparse
+
+from onnxfuse.cli.arguments import add_rule_options
+from onnxfuse.errors import OnnxfuseError
+
+
+def add_explain_command(sub: argparse._SubParsersAction) -> None:
+    explain = sub.add_parser("explain", help="why a rule does or does not match")
+    explain.add_argument("model", help="input .onnx model")
+    explain.add_argument("--rule", required=True, help="rule or op-set family name")
+    explain.add_argument("--node", help="only this node (by name)")
+    add_rule_options(explain)
+    explain.set_defaults(handler=_run_explain)
+
+
+def _run_explain(args: argparse.Namespace) -> int:
+    from onnxfuse import api
+    from onnxfuse.files.model_io import load_model
+    from onnxfuse.targets.capabilities import load_target
+
+    target = load_target(args.target)
+    rules = api.select_rules(args.rules, builtin=not args.no_builtin, target=target)
+    # An op-set family's name (transpose-unary) explains each of its members.
+    chosen = [r for r in rules if args.rule in (r.name, r.family)]
+    if not chosen:
+        raise OnnxfuseError(f"no rule named '{args.rule}' (see `onnxfuse rules list`)")
+    model = load_model(args.model, target=target)
+    for rule in chosen:
+        prefix = f"{rule.name}: " if len(chosen) > 1 else ""
+        results = api.explain(model, rule, args.node, target)
+        if not results:
+            print(f"{rule.name}: no node in the model can anchor this rule")
+        for item in results:
+            where = f"{item.op_type} '{item.node}'" + (
+                f" in graph '{item.graph}'" if item.graph else ""
+            )
+            verdict = "matches" if item.matched else f"no match: {item.reason}"
+            print(f"{prefix}{where}: {verdict}")
+    return 0

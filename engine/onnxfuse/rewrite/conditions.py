@@ -1,0 +1,181 @@
+"""The conditions of a rule, checked on each structural match: guards, lets, the target.
+
+``RuleMatcher.match`` is the whole dispatch at one node: the matcher's structural
+matches in backtracking order, the first one every condition accepts. A refused
+match tells the matcher why, so that ``mismatch`` names the furthest failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxfuse.language.guards import Guard, GuardUnknown, ValueRef
+from onnxfuse.language.rule import ALTERNATIVE, TARGET_PARAMS, Rule
+from onnxfuse.rewrite.matcher import (
+    ABSENT,
+    Match,
+    Matcher,
+    Mismatch,
+    ModelContext,
+    StructureMemo,
+)
+from onnxfuse.rewrite.plan import plan_match
+from onnxfuse.targets.capabilities import Target
+from onnxfuse.targets.facts import value_facts
+
+
+class RuleMatcher:
+    """One rule at one model context: its structural matcher and its conditions."""
+
+    def __init__(self, rule: Rule, context: ModelContext, target: Target | None = None):
+        self.rule = rule
+        self.structure = Matcher(rule, context)
+        self.conditions = Conditions(rule, context, target)
+
+    @property
+    def mismatch(self) -> Mismatch | None:
+        """Why the last ``match`` found nothing (None after a match)."""
+        return self.structure.mismatch
+
+    def could_match(self, node: ir.Node, memo: StructureMemo | None = None) -> bool:
+        return self.structure.could_match(node, memo)
+
+    def match(self, node: ir.Node) -> Match | None:
+        """The first structural match at ``node`` that the rule's conditions accept."""
+        for candidate in self.structure.candidates(node):
+            accepted = self.conditions.accept(candidate)
+            if isinstance(accepted, Match):
+                return accepted
+            self.structure.refuse(accepted)
+        return None
+
+
+class Conditions:
+    """A rule's guards and lets, and the gate of its target (None: no gating)."""
+
+    def __init__(self, rule: Rule, context: ModelContext, target: Target | None = None):
+        self.rule = rule
+        self.context = context
+        self.target = target
+        self._verdicts: dict[Hashable, list[str]] = {}  # the target's, by facts
+
+    def accept(self, match: Match) -> Match | str:
+        """``match`` with its lets bound, or why a condition refused it."""
+        names = _Names(self._guard_names(match), self.rule.lets)
+        for guard in self.rule.guards:
+            try:
+                holds = bool(guard.evaluate(names))
+            except GuardUnknown as exc:
+                return f"guard '{guard.text}' cannot be decided: {exc}"
+            if not holds:
+                return f"guard '{guard.text}' is false"
+        attrs = dict(match.attrs)
+        for let_name in self.rule.lets:
+            try:
+                attrs[let_name] = names[let_name]
+            except GuardUnknown as exc:
+                return f"let {let_name} cannot be computed: {exc}"
+        match = dataclasses.replace(match, attrs=attrs)
+        if self.target is not None:
+            missing = self._unsupported(match)
+            if missing:
+                return f"target '{self.target.name}' cannot run {', '.join(missing)}"
+        return match
+
+    def _unsupported(self, match: Match) -> list[str]:
+        """What the firing's plan creates that the target cannot run. The verdict follows
+        from the facts of the replacement's inputs and outputs and from the attributes
+        alone: it is kept per set of facts (a fusion fires once per layer with equal
+        facts)."""
+        assert self.target is not None
+        present = {k: v for k, v in match.attrs.items() if v is not ABSENT}
+        key = self._facts_key(match.values, match.outputs, present, match.copied)
+        if key is not None and key in self._verdicts:
+            return self._verdicts[key]
+        missing = self.target.unsupported(plan_match(match, self.context).kernels())
+        if key is not None:
+            self._verdicts[key] = missing
+        return missing
+
+    def _facts_key(
+        self,
+        values: dict[str, ir.Value | None],
+        outputs: list[ir.Value],
+        attrs: dict[str, Any],
+        copied: dict[str, dict[str, Any]],
+    ) -> Hashable | None:
+        """What the plan reads of a match, as a key; None if an attribute holds
+        something without a plain value (a tensor, a graph)."""
+        version = self.context.ir_version
+        try:
+            return (
+                tuple(
+                    value_facts(values[name], version) if name in values else "unbound"
+                    for name in self.rule.target.input_names()
+                ),
+                tuple(value_facts(value, version) for value in outputs),
+                _frozen(attrs),
+                _frozen(copied),
+            )
+        except _NoPlainValue:
+            return None
+
+    def _guard_names(self, match: Match) -> dict[str, Any]:
+        version = self.context.ir_version
+        names: dict[str, Any] = {
+            name: ValueRef(name, value, version) for name, value in match.values.items()
+        }
+        by_index = {p.index: node for p, node in zip(match.source.nodes, match.nodes)}
+        for pvalue in match.source.values.values():
+            if pvalue.kind == "node" and pvalue.producer is not None:
+                node = by_index.get(pvalue.producer.index)
+                bound = (
+                    node.outputs[pvalue.output_index]
+                    if node is not None and pvalue.output_index < len(node.outputs)
+                    else None
+                )
+                names[pvalue.name] = ValueRef(pvalue.name, bound, version)
+        for name, value in match.attrs.items():
+            names[name] = None if value is ABSENT else value
+        index = next(i for i, s in enumerate(self.rule.sources) if s is match.source)
+        names.setdefault(ALTERNATIVE, index)
+        names.setdefault(TARGET_PARAMS, dict(self.target.params) if self.target else {})
+        return names
+
+
+class _Names(dict):
+    """Guard names; `let` values are computed on first use, so guards may use them."""
+
+    def __init__(self, bound: dict[str, Any], lets: dict[str, Guard]):
+        super().__init__(bound)
+        self.lets = lets
+
+    def __missing__(self, name: str) -> Any:
+        expression = self.lets[name]
+        self[name] = value = expression.evaluate(self)
+        return value
+
+
+class _NoPlainValue(Exception):
+    pass
+
+
+def _frozen(value: Any) -> Hashable:
+    """``value`` as a key that equals another's exactly when the values are equal and of
+    the same kinds (1, 1.0 and True apart)."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return (type(value).__name__, value)
+    if isinstance(value, (list, tuple)):
+        return ("seq", tuple(_frozen(v) for v in value))
+    if isinstance(value, dict):
+        return ("map", tuple((k, _frozen(v)) for k, v in sorted(value.items())))
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind != "O":
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, ir.Attr):
+        return ("attr", value.name, value.type, _frozen(value.value))
+    raise _NoPlainValue
