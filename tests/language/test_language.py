@@ -511,7 +511,7 @@ rules:
         Y = Relu(X)
       }
     where:
-      - dtype(X) == "float32"
+      - dtype(X) == "float"
       - rank(X) == 4 and shape(X)[0] == 2
     target: |
       f (X) => (Y) {
@@ -584,7 +584,7 @@ rules:
       }
     where: &shared
       - rank(X) == 4
-      - dtype(X) == "float32"
+      - dtype(X) == "float"
     target: |
       f (X) => (Y) {
         z = Constant<value_float = 0.0>()
@@ -608,10 +608,10 @@ rules:
 
 def test_where_splices_a_shared_guard_list():
     first, second = rules_from_text(SHARED_WHERE)
-    assert [g.text for g in first.guards] == ["rank(X) == 4", 'dtype(X) == "float32"']
+    assert [g.text for g in first.guards] == ["rank(X) == 4", 'dtype(X) == "float"']
     assert [g.text for g in second.guards] == [
         "rank(X) == 4",
-        'dtype(X) == "float32"',
+        'dtype(X) == "float"',
         "shape(X)[0] == 2",
     ]
 
@@ -619,7 +619,7 @@ def test_where_splices_a_shared_guard_list():
 def test_where_refuses_a_non_expression_item():
     from onnxfuse.errors import RuleError
 
-    text = GUARDS.replace('- dtype(X) == "float32"', "- [[1]]")
+    text = GUARDS.replace('- dtype(X) == "float"', "- [[1]]")
     with pytest.raises(RuleError, match="'where' must be an expression or a list of them"):
         rules_from_text(text)
 
@@ -1312,7 +1312,7 @@ def test_check_takes_an_op_set_family_name(tmp_path, capsys):
     from onnxfuse.cli.main import main
 
     verify = """    verify:
-      dtypes: [float32]
+      dtypes: [float]
       dims: {p: {permutation: 3}}
       attributes: {perm: p}
       inputs: {X: [2, 3, 4]}
