@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from fuzz.graphs import MAX_ELEMENTS, Builder, Val, ort_ok, s_unary
+from onnxfuse.ops import element_types
 from onnxfuse.proof.domain import DTYPES
 from onnxfuse.proof.draw import Reject
 from onnxfuse.proof.expr import ExprError
@@ -179,7 +180,7 @@ def _ranged_input(
 
 
 def _wire_input(b: Builder, tensor) -> Val:
-    dtype = np.dtype(tensor.dtype)
+    dtype = element_types.to_numpy(tensor.dtype)
     dims = tuple(int(d) for d in tensor.dims)
     # The instance's symbolic dims stay symbolic (a rule may need a shape that does not fold).
     symbolic = {axis: f"{name}_{dims[axis]}" for axis, name in tensor.symbolic.items()}

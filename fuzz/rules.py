@@ -109,7 +109,7 @@ rules:
           Y = LeakyRelu<alpha: float = @alpha>(C)
         }
     where:
-      - rank(X) == 4 and dtype(X) == "float32" and alpha >= 0
+      - rank(X) == 4 and dtype(X) == "float" and alpha >= 0
       - not present(B) or (is_constant(B) and numel(B) == shape(W)[0])
       - consumers(C) == 1 and not is_graph_input(W) and broadcastable(X, X)
     let:
@@ -120,7 +120,7 @@ rules:
         Y = com.microsoft.FusedConv<activation = "LeakyRelu",
                                     activation_params: floats = @params>(X, W, B)
       }
-    verify: {dtypes: [float32]}
+    verify: {dtypes: [float]}
 """
 
 
@@ -586,7 +586,7 @@ class Mutator:
         rng = self.rng
         if depth > 3 or rng.random() < 0.3:
             return rng.choice(
-                [name, "0", "1", "-1", "2.5", "'float32'", "None", "True", "(1, 2)", "[]", "eps"]
+                [name, "0", "1", "-1", "2.5", "'float'", "None", "True", "(1, 2)", "[]", "eps"]
             )
         sub = self.guard_expression
         form = rng.randrange(8)

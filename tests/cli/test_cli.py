@@ -298,6 +298,36 @@ def test_bad_rule_files_name_file_and_line(tmp_path, relu_model, text, where, wh
 
 
 @pytest.mark.parametrize(
+    ("types", "message"),
+    [
+        ("[float32]", "unknown element type 'float32' (did you mean float?)"),
+        ("[float, flaot]", "unknown element type 'flaot' (did you mean float?)"),
+    ],
+)
+def test_a_capability_file_naming_another_element_type_is_refused(tmp_path, types, message):
+    """On the bundled sample: the target names no type ONNX spells so, so no rule would fire."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        f"name: bad\nops:\n- domain: ''\n  op: Relu\n  since: 6\n  types:\n    T: {types}\n"
+    )
+    result = run_cli("optimize", "--target", str(bad), "-o", str(tmp_path / "out.onnx"))
+    assert_clean_error(result)
+    assert result.stderr.strip() == f"onnxfuse: error: {bad}:7: {message}"
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_rule_file_naming_another_element_type_is_refused(tmp_path, relu_model):
+    rules = tmp_path / "mine.yaml"
+    rules.write_text(USER_RULE + "    where: dtype(X) == 'float32'\n")
+    result = run_cli("optimize", str(relu_model), "--rules", str(rules))
+    assert_clean_error(result)
+    assert result.stderr.strip() == (
+        f"onnxfuse: error: {rules}:13: where: in guard \"dtype(X) == 'float32'\": "
+        "unknown element type 'float32' (did you mean float?)"
+    )
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["optimize", "--max-iterations", "zero"],

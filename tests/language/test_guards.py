@@ -15,7 +15,7 @@ rules:
         Y = Relu(X)
       }
     where:
-      - dtype(X) == "float32"
+      - dtype(X) == "float"
       - rank(X) == 4 and shape(X)[0] == 2
     target: |
       f (X) => (Y) {
@@ -88,7 +88,7 @@ rules:
       }
     where: &shared
       - rank(X) == 4
-      - dtype(X) == "float32"
+      - dtype(X) == "float"
     target: |
       f (X) => (Y) {
         z = Constant<value_float = 0.0>()
@@ -112,10 +112,10 @@ rules:
 
 def test_where_splices_a_shared_guard_list():
     first, second = rules_from_text(SHARED_WHERE)
-    assert [g.text for g in first.guards] == ["rank(X) == 4", 'dtype(X) == "float32"']
+    assert [g.text for g in first.guards] == ["rank(X) == 4", 'dtype(X) == "float"']
     assert [g.text for g in second.guards] == [
         "rank(X) == 4",
-        'dtype(X) == "float32"',
+        'dtype(X) == "float"',
         "shape(X)[0] == 2",
     ]
 
@@ -123,7 +123,7 @@ def test_where_splices_a_shared_guard_list():
 def test_where_refuses_a_non_expression_item():
     from onnxfuse.errors import RuleError
 
-    text = GUARDS.replace('- dtype(X) == "float32"', "- [[1]]")
+    text = GUARDS.replace('- dtype(X) == "float"', "- [[1]]")
     with pytest.raises(RuleError, match="'where' must be an expression or a list of them"):
         rules_from_text(text)
 

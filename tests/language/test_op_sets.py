@@ -151,7 +151,7 @@ def test_check_takes_an_op_set_family_name(tmp_path, capsys):
     from onnxfuse.cli.main import main
 
     verify = """    verify:
-      dtypes: [float32]
+      dtypes: [float]
       dims: {p: {permutation: 3}}
       attributes: {perm: p}
       inputs: {X: [2, 3, 4]}

@@ -113,7 +113,7 @@ def test_a_domain_no_instance_can_have_fails_the_rule_in_one_line(
         '    source: "f (X) => (Y) { T = Relu(X)\\n Y = Relu(T) }"\n'
         '    target: "f (X) => (Y) { Y = Relu(X) }"\n'
         "    verify:\n"
-        "      dtypes: [float32]\n"
+        "      dtypes: [float]\n"
         f"      {verify}\n"
     )
     code, out, err = run(

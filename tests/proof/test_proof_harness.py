@@ -54,27 +54,27 @@ def test_a_rule_without_a_domain_is_an_error():
 @pytest.mark.parametrize(
     ("verify", "fragment"),
     [
-        ("    verify: {dtypes: [float32], inputs: {X: [2]}, ranks: [1]}", "unknown key 'ranks'"),
+        ("    verify: {dtypes: [float], inputs: {X: [2]}, ranks: [1]}", "unknown key 'ranks'"),
         ("    verify: {inputs: {X: [2]}}", "'dtypes' must list"),
-        ("    verify: {dtypes: [float31], inputs: {X: [2]}}", "unknown dtype 'float31'"),
-        ("    verify: {dtypes: [float32]}", "no shape for variable 'X'"),
-        ("    verify: {dtypes: [float32], inputs: {X: [2], Z: [2]}}", "inputs.Z: not a variable"),
+        ("    verify: {dtypes: [string], inputs: {X: [2]}}", "instances are not drawn in string"),
+        ("    verify: {dtypes: [float]}", "no shape for variable 'X'"),
+        ("    verify: {dtypes: [float], inputs: {X: [2], Z: [2]}}", "inputs.Z: not a variable"),
         (
-            "    verify: {dtypes: [float32], inputs: {X: [2]}, special_values: false}",
+            "    verify: {dtypes: [float], inputs: {X: [2]}, special_values: false}",
             "needs a reason",
         ),
         (
-            "    verify: {dtypes: [float32], inputs: {X: [2]}, tolerance: {rtol: 0.1}}",
+            "    verify: {dtypes: [float], inputs: {X: [2]}, tolerance: {rtol: 0.1}}",
             "needs a 'reason'",
         ),
-        ("    verify: {dtypes: [float32], inputs: {X: [2]}, opsets: [x]}", "opsets"),
-        ("    verify: {dtypes: [float32], dims: {X: 2}, inputs: {X: [2]}}", "both"),
-        ("    verify: {dtypes: [float32], inputs: {X: ['import os']}}", "invalid expression"),
+        ("    verify: {dtypes: [float], inputs: {X: [2]}, opsets: [x]}", "opsets"),
+        ("    verify: {dtypes: [float], dims: {X: 2}, inputs: {X: [2]}}", "both"),
+        ("    verify: {dtypes: [float], inputs: {X: ['import os']}}", "invalid expression"),
         (
-            "    verify: {dtypes: [float32], inputs: {X: [2]}, node_attributes: {T: {a: 1}}}",
+            "    verify: {dtypes: [float], inputs: {X: [2]}, node_attributes: {T: {a: 1}}}",
             "copy_attributes",
         ),
-        ("    verify: {dtypes: [float32], inputs: {X: [2]}, attributes: {eps: [1]}}", "eps"),
+        ("    verify: {dtypes: [float], inputs: {X: [2]}, attributes: {eps: [1]}}", "eps"),
     ],
 )
 def test_malformed_domains_are_named(verify, fragment):
@@ -87,7 +87,7 @@ def test_tolerance_and_special_values_with_reasons():
     domain = parse_domain(
         rule_with(
             "    verify:\n"
-            "      dtypes: [float32, float16]\n"
+            "      dtypes: [float, float16]\n"
             "      inputs: {X: [2]}\n"
             "      special_values: {inputs: [nan, inf], constants: none, reason: why}\n"
             "      tolerance: {float16: {rtol: 1.0e-2}, reason: because}\n"
@@ -96,8 +96,74 @@ def test_tolerance_and_special_values_with_reasons():
     assert domain.special_inputs == {"nan", "inf"}
     assert domain.special_constants == frozenset()
     assert domain.tolerance("float16") == (1e-2, DEFAULT_TOLERANCES["float16"][1])
-    assert domain.tolerance("float32") == DEFAULT_TOLERANCES["float32"]
+    assert domain.tolerance("float") == DEFAULT_TOLERANCES["float"]
     assert domain.tolerance("int32") == (0.0, 0.0)
+
+
+# -- element type names ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("verify", "message"),
+    [
+        (
+            {"dtypes": ["float32"], "inputs": {"X": [2]}},
+            "verify: dtypes: unknown element type 'float32' (did you mean float?)",
+        ),
+        (
+            {"dtypes": ["float", "flaot"], "inputs": {"X": [2]}},
+            "verify: dtypes: unknown element type 'flaot' (did you mean float?)",
+        ),
+        (
+            {"dtypes": ["float"], "inputs": {"X": {"shape": [2], "dtype": "float64"}}},
+            "verify: inputs.X.dtype: unknown element type 'float64' (did you mean double?)",
+        ),
+        (
+            {"dtypes": ["float"], "inputs": {"X": [2]}, "negatives": [{"dtype": "float64"}]},
+            "verify: negatives[0].dtype: unknown element type 'float64' (did you mean double?)",
+        ),
+        (
+            {"dtypes": ["float"], "inputs": {"X": [2]},
+             "tolerance": {"float32": {}, "reason": "r"}},
+            "verify: tolerance: unknown element type 'float32' (did you mean float?)",
+        ),
+        (
+            {"dtypes": ["float"], "dims": {"R": "1..(3 if dt == 'float32' else 2)"},
+             "inputs": {"X": ["R"]}},
+            "verify: dims.R: in \"(3 if dt == 'float32' else 2)\": "
+            "unknown element type 'float32' (did you mean float?)",
+        ),
+        (
+            {"dtypes": ["float"], "inputs": {"X": [2]},
+             "where": ["dt in ('float', 'float64')"]},
+            "verify: in \"dt in ('float', 'float64')\": "
+            "unknown element type 'float64' (did you mean double?)",
+        ),
+    ],
+)  # fmt: skip
+def test_a_domain_naming_another_type_is_refused(verify, message):
+    """The proof checks a domain's names itself: a rule need not come from a file."""
+    rule = rule_with("    verify: {dtypes: [float], inputs: {X: [2]}}")
+    rule.verify = verify
+    with pytest.raises(VerifyError) as caught:
+        parse_domain(rule)
+    assert str(caught.value) == f"test.yaml:2: rule 'my-relu-relu': {message}"
+
+
+def test_domain_expressions_take_onnx_names():
+    assert (
+        parse_expr("onnx_type('double') if dt == 'float' else onnx_type(dt)").evaluate(
+            {"dt": "float"}
+        )
+        == 11
+    )
+    assert parse_expr("onnx_type(dt)").evaluate({"dt": "bfloat16"}) == 16
+    with pytest.raises(ExprError, match=r"unknown element type 'float32' \(did you mean float\?\)"):
+        parse_expr("onnx_type('float32')")
+    with pytest.raises(ExprError, match="unknown element type 'float64'"):
+        parse_expr("dtype(X) == 'float64'")
+    with pytest.raises(ExprError, match="unknown element type 'float32'"):
+        parse_expr("onnx_type(d)").evaluate({"d": "float32"})
 
 
 # -- draws and expressions -------------------------------------------------------------
@@ -161,9 +227,9 @@ def test_instance_of_a_folding_rule():
 
 def test_special_values_in_random_data():
     rng = np.random.default_rng(0)
-    data = random_array(rng, "float32", (64,), None, frozenset({"nan", "inf", "neg_zero"}))
+    data = random_array(rng, "float", (64,), None, frozenset({"nan", "inf", "neg_zero"}))
     assert np.isnan(data).any() and np.isinf(data).any()
-    plain = random_array(rng, "float32", (64,), None, frozenset())
+    plain = random_array(rng, "float", (64,), None, frozenset())
     assert np.isfinite(plain).all()
     bf16 = random_array(rng, "bfloat16", (64,), None, frozenset({"subnormal"}))
     assert bf16.dtype == ml_dtypes.bfloat16
@@ -176,7 +242,7 @@ def test_special_values_in_random_data():
 def test_feeds_hold_special_values_only_where_allowed():
     rule = rule_with(
         "    verify:\n"
-        "      dtypes: [float32]\n"
+        "      dtypes: [float]\n"
         "      inputs: {X: [64]}\n"
         "      special_values: {inputs: none, constants: all, reason: test}\n"
     )
@@ -189,7 +255,7 @@ def test_feeds_hold_special_values_only_where_allowed():
 
 
 def test_compare_nan_inf_and_tolerances():
-    tol = parse_domain(rule_with("    verify: {dtypes: [float32], inputs: {X: [2]}}")).tolerance
+    tol = parse_domain(rule_with("    verify: {dtypes: [float], inputs: {X: [2]}}")).tolerance
     a = np.array([np.nan, np.inf, -np.inf, 1.0, 0.0], np.float32)
     assert compare([a], [a.copy()], ["y"], tol) is None
     b = a.copy()
@@ -222,7 +288,7 @@ rules:
         Y = BatchNormalization<epsilon = @eps>(G, scale, bias, mean, var)
       }
     where:
-      - dtype(A) == "float32"
+      - dtype(A) == "float"
       - is_constant(B) and is_constant(C) and rank(C) == 1
       - is_constant(scale) and is_constant(bias) and is_constant(mean) and is_constant(var)
     target: |
@@ -239,7 +305,7 @@ rules:
       }
     verify:
       opsets: [15]
-      dtypes: [float32]
+      dtypes: [float]
       dims: {M: 1..3, K: 1..4, N: 1..4}
       attributes: {eps: [1.0e-5]}
       node_attributes:
@@ -290,7 +356,7 @@ rules:
       }
     verify:
       opsets: [13]
-      dtypes: [float32]
+      dtypes: [float]
       dims: {D: {rank: 1..2, each: 1..4}, a: "-2.0..0.5", b: "0.5..3.0"}
       inputs: {X: [D], A: {shape: [], value: a}, B: {shape: [], value: b}}
 """
@@ -310,7 +376,7 @@ rules:
       f (X) => (X) {}
     verify:
       opsets: [17]
-      dtypes: [float32]
+      dtypes: [float]
       dims: {D: {rank: 2..3, each: 2..3}}
       inputs: {X: [D], S: {dtype: int64, value: shape(X)}}
       negatives:
@@ -336,7 +402,7 @@ rules:
       f (X) => (Y) {
         Y = Relu(X)
       }
-    verify: {dtypes: [float32], inputs: {X: [2]}}
+    verify: {dtypes: [float], inputs: {X: [2]}}
 """
     report = check_rule(rules_from_text(text)[0], examples=10)
     assert report.error is not None

@@ -99,7 +99,7 @@ rules:
         Y = Relu(X)
       }
     verify:
-      dtypes: [float32]
+      dtypes: [float]
       inputs:
         X: [2, 3]
 """
@@ -169,7 +169,7 @@ rules:
       }
     verify:
       target: cuda
-      dtypes: [float32]
+      dtypes: [float]
       dims:
         K: {rank: 2, each: 2..3}
       node_attributes:

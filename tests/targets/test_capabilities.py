@@ -274,3 +274,51 @@ def test_malformed_target_file(tmp_path, text, message):
     load_target.cache_clear()
     with pytest.raises(OnnxfuseError, match=message):
         load_target(str(path))
+
+
+# -- element type names -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("types", "line", "message"),
+    [
+        ("T: [float32]", 6, "unknown element type 'float32' (did you mean float?)"),
+        ("T: [float, float64]", 6, "unknown element type 'float64' (did you mean double?)"),
+        ("T: [flaot]", 6, "unknown element type 'flaot' (did you mean float?)"),
+        ("T: [float16]\n    T1: [FLOAT]", 7, "unknown element type 'FLOAT' (did you mean float?)"),
+        ("T: [tensor(float)]", 6, "unknown element type 'tensor(float)' (did you mean float?)"),
+        ("T: ['seq(tensor(float32))']", 6, "unknown element type 'float32' (did you mean float?)"),
+        ("T: ['map(int64,flaot)']", 6, "unknown element type 'flaot' (did you mean float?)"),
+        ("T:\n    - float\n    - unit8", 8, "unknown element type 'unit8' (did you mean uint8?)"),
+    ],
+)
+def test_a_type_onnx_does_not_name_is_refused_with_its_line(tmp_path, types, line, message):
+    path = tmp_path / "x.yaml"
+    path.write_text(f"name: x\nops:\n- domain: ''\n  op: Relu\n  types:\n    {types}\n  since: 6\n")
+    load_target.cache_clear()
+    with pytest.raises(OnnxfuseError) as caught:
+        load_target(str(path))
+    assert str(caught.value) == f"{path}:{line}: {message}"
+
+
+def test_unknown_element_type_without_a_near_name_lists_the_names(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("name: x\nops:\n- {op: Relu, types: {T: [qwerty]}}\n")
+    load_target.cache_clear()
+    with pytest.raises(OnnxfuseError) as caught:
+        load_target(str(path))
+    assert str(caught.value).startswith(
+        f"{path}:3: unknown element type 'qwerty' (ONNX's names: float, uint8, int8,"
+    )
+
+
+def test_containers_of_element_types_load(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text(
+        "name: x\nops:\n- op: SequenceAt\n  types:\n"
+        "    S: ['seq(tensor(float))', 'seq(tensor(bfloat16))', 'optional(seq(tensor(int8)))']\n"
+        "    T: ['map(int64,float)', 'seq(map(string,float))', 'sparse_tensor(double)']\n"
+        "    I: [int32, int64, float8e4m3fn, string, bool]\n"
+    )
+    load_target.cache_clear()
+    assert load_target(str(path)).ops[("", "SequenceAt")][0].types["I"][-1] == "bool"

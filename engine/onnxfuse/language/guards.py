@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from onnxfuse.language import interpreter, symbolic
 from onnxfuse.language.interpreter import Dialect
+from onnxfuse.ops import element_types
 
 # Results larger than this are refused: a guard must stay cheap to evaluate.
 _MAX_SEQUENCE = 10_000
@@ -117,8 +118,8 @@ def _dtype(ref: Any) -> str:
 
 
 def _dtype_name(dtype: ir.DataType) -> str:
-    name = dtype.name.lower()
-    return {"float": "float32", "double": "float64"}.get(name, name)
+    """ONNX's name of an element type ('float', 'double', 'int64', ...)."""
+    return element_types.from_onnx(dtype) or "undefined"
 
 
 def _is_constant(ref: Any) -> bool:
@@ -425,7 +426,29 @@ def _checked(text: str) -> tuple[ast.Expression, frozenset[str]]:
     found = _CHECKED.get(text)
     if found is None:
         found = interpreter.check_expression(text, GUARDS, GuardSyntaxError, "guard")
+        check_element_types(found[0], text)
         if len(_CHECKED) >= _MAX_CHECKED:
             _CHECKED.clear()
         _CHECKED[text] = found
     return found
+
+
+# Functions whose result is an element type name: a string compared with one must be a name.
+_TYPED_FUNCTIONS = frozenset({"dtype", "dtype_name"})
+
+
+def _typed(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _TYPED_FUNCTIONS
+    )
+
+
+def check_element_types(tree: ast.Expression, text: str) -> None:
+    """A string compared with ``dtype(...)`` or ``dtype_name(...)`` must be an element
+    type name as ONNX spells it ('float', not 'float32'): any other never matches.
+    'undefined' is what ``dtype_name(0)`` gives."""
+    for literal in interpreter.literals_compared_with(tree, _typed):
+        if not element_types.is_name(literal) and literal != "undefined":
+            raise GuardSyntaxError(f"in guard {text.strip()!r}: {element_types.unknown(literal)}")

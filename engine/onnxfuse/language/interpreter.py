@@ -139,6 +139,42 @@ def _check_node(
         raise error(f"literal {node.value!r} is not allowed in a {what}")
 
 
+def literals_compared_with(tree: ast.AST, marked: Callable[[ast.AST], bool]) -> list[str]:
+    """String literals the expression compares (``==``, ``!=``, ``in``, ``not in``) with
+    a sub-expression ``marked`` picks out, in the order they are written in.
+
+    ``f(X) == 'a'``, ``'a' != f(X)``, ``f(X) in ('a', 'b')`` each give their literals;
+    so do tuples compared position by position: ``(f(A), f(B)) in (('a', 'b'),)``
+    gives 'a' and 'b'. A literal reached any other way (a name, an index) is not seen.
+    """
+    found: list[tuple[int, int, str]] = []
+
+    def pair(side: ast.AST, literal: ast.AST) -> None:
+        if marked(side):
+            if isinstance(literal, ast.Constant) and isinstance(literal.value, str):
+                found.append((literal.lineno, literal.col_offset, literal.value))
+        elif (
+            isinstance(side, (ast.Tuple, ast.List))
+            and isinstance(literal, (ast.Tuple, ast.List))
+            and len(side.elts) == len(literal.elts)
+        ):
+            for part, value in zip(side.elts, literal.elts):
+                pair(part, value)
+
+    for node in _walk(tree)[0]:
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, operands, operands[1:]):
+            if isinstance(op, (ast.Eq, ast.NotEq)):
+                pair(left, right)
+                pair(right, left)
+            elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List)):
+                for item in right.elts:
+                    pair(left, item)
+    return [value for _, _, value in sorted(found)]
+
+
 def free_names(tree: ast.AST, dialect: Dialect) -> set[str]:
     """Names the expression reads from its bindings: not functions, constants or names
     a comprehension binds."""

@@ -411,13 +411,20 @@ def _literal_problem(name: str, spec: AttrLiteral, schemas_of: list[Any]) -> str
     return None
 
 
-def compile_guards(expressions: list[str], known: set[str], line: int | None) -> list[Guard]:
+def compile_guards(
+    expressions: list[str],
+    known: set[str],
+    line: int | None,
+    item_lines: list[int | None] | None = None,
+) -> list[Guard]:
+    """Checked guards; an error names ``line``, or the guard's own line in ``item_lines``."""
     guards = []
-    for text in expressions:
+    for index, text in enumerate(expressions):
         try:
             guards.append(parse_guard(text, known))
         except GuardSyntaxError as exc:
-            raise RuleDefinitionError(f"where: {exc}", line) from None
+            own = item_lines[index] if item_lines is not None else None
+            raise RuleDefinitionError(f"where: {exc}", own or line) from None
     return guards
 
 

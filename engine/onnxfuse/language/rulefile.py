@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxfuse.errors import RuleError
+from onnxfuse.language.guards import Guard
 from onnxfuse.language.opsets import Member, OpSetError, narrow_opset, parse_members
 from onnxfuse.language.pattern import Pattern
 from onnxfuse.language.rule import (
@@ -19,6 +20,7 @@ from onnxfuse.language.rule import (
     parse_pattern_text,
 )
 from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
+from onnxfuse.ops import element_types
 
 RULE_KEYS = {
     "name": "a unique rule name",
@@ -173,15 +175,15 @@ def rule_from_entry(
     bound.add(ALTERNATIVE)
     bound.add(TARGET_PARAMS)
     lets = _parse_lets(entry, bound, lines["let"])
-    where = _guard_list(entry.get("where", []), lines["where"])
-    guards = compile_guards(where, bound | set(lets), lines["where"])
+    guards = _compile_where(entry.get("where", []), bound | set(lets), lines["where"])
     if member is None and "ops" in entry:
         raise RuleDefinitionError("'ops' is only read from rule files", lines["ops"])
     overrides = member.overrides if member else {}
-    member_where = _guard_list(overrides.get("where", []), lines["per_op"])
-    guards += compile_guards(member_where, bound | set(lets), lines["per_op"])
+    guards += _compile_where(overrides.get("where", []), bound | set(lets), lines["per_op"])
     opset_entry = LineMap({"opset": overrides["opset"]}) if "opset" in overrides else entry
     opset = _parse_opset(opset_entry, lines["per_op" if "opset" in overrides else "opset"])
+    check_verify_types(entry.get("verify"), lines["verify"])
+    check_verify_types(overrides.get("verify"), lines["per_op"])
     verify = {**_mapping(entry, "verify"), **overrides.get("verify", {})}
     family_keys: dict[str, Any] = {}
     if member is not None:
@@ -230,8 +232,10 @@ def _source_texts(entry: LineMap) -> list[tuple[str, int]]:
 _MAX_GUARD_NESTING = 8
 
 
-def _guard_list(where: Any, line: int | None, depth: int = 0, seen: set | None = None) -> list[str]:
-    """`where:` as a flat list of expressions.
+def _guard_list(
+    where: Any, line: int | None, depth: int = 0, seen: set | None = None
+) -> list[tuple[str, int | None]]:
+    """`where:` as a flat list of expressions, each with its line where known.
 
     A nested list is spliced in, so rules can share a list of guards through a
     YAML anchor (`- *shape_guards`). Guards are a conjunction: a list met again (one
@@ -240,16 +244,24 @@ def _guard_list(where: Any, line: int | None, depth: int = 0, seen: set | None =
     """
     seen = set() if seen is None else seen
     if isinstance(where, str):
-        return [where]
+        return [(where, line)]
     if not isinstance(where, list) or depth > _MAX_GUARD_NESTING:
         raise RuleDefinitionError("'where' must be an expression or a list of them", line)
-    flat: list[str] = []
+    flat: list[tuple[str, int | None]] = []
     if id(where) in seen:
         return flat
     seen.add(id(where))
-    for item in where:
-        flat.extend(_guard_list(item, line, depth + 1, seen))
+    item_lines = getattr(where, "item_lines", None) or []
+    for index, item in enumerate(where):
+        item_line = item_lines[index] if index < len(item_lines) else line
+        flat.extend(_guard_list(item, item_line, depth + 1, seen))
     return flat
+
+
+def _compile_where(where: Any, known: set[str], line: int | None) -> list[Guard]:
+    listed = _guard_list(where, line)
+    texts = [text for text, _ in listed]
+    return compile_guards(texts, known, line, [item_line for _, item_line in listed])
 
 
 def _parse_lets(entry: LineMap, bound: set[str], line: int) -> dict[str, Any]:
@@ -354,3 +366,61 @@ def _replacement_key(entry: LineMap, line: int) -> str:
     if "target" in entry:
         return "target"
     raise RuleDefinitionError("rule has no 'replacement'", line)
+
+
+# Keys of a `verify:` tolerance that are not element types.
+_TOLERANCE_KEYS = ("rtol", "atol", "reason")
+
+
+def check_verify_types(verify: Any, line: int | None) -> None:
+    """Element types a `verify:` mapping names (``dtypes``, ``inputs.X.dtype``,
+    ``negatives[i].dtype``, ``tolerance`` keys) must be ONNX's names: a domain in
+    NumPy's spelling would draw no instance. The rest of the domain is the proof's
+    to check (onnxfuse.proof.domain), as is anything malformed here."""
+    if not isinstance(verify, dict):
+        return
+
+    def check(value: Any, where: str, at: int | None) -> None:
+        values = value if isinstance(value, list) else [value]
+        lines = getattr(value, "item_lines", None) or []
+        for index, item in enumerate(values):
+            if not element_types.is_name(item):
+                item_line = lines[index] if index < len(lines) else at
+                raise RuleDefinitionError(
+                    f"verify: {where}: {element_types.unknown(item)}", item_line or line
+                )
+
+    def line_of(mapping: Any, key: str, default: int | None) -> int | None:
+        found = mapping.line_of(key) if isinstance(mapping, LineMap) else None
+        return found or default
+
+    if "dtypes" in verify:
+        check(verify["dtypes"], "dtypes", line_of(verify, "dtypes", line))
+    inputs = verify.get("inputs")
+    if isinstance(inputs, dict):
+        for name, spec in inputs.items():
+            if isinstance(spec, dict) and "dtype" in spec:
+                at = line_of(spec, "dtype", line_of(inputs, name, line))
+                check(spec["dtype"], f"inputs.{name}.dtype", at)
+    negatives = verify.get("negatives")
+    if isinstance(negatives, list):
+        negative_lines = getattr(negatives, "item_lines", None) or []
+        for index, negative in enumerate(negatives):
+            if isinstance(negative, dict) and "dtype" in negative:
+                own = negative_lines[index] if index < len(negative_lines) else None
+                at = line_of(negative, "dtype", own or line_of(verify, "negatives", line))
+                check(negative["dtype"], f"negatives[{index}].dtype", at)
+    tolerance = verify.get("tolerance")
+    if isinstance(tolerance, dict):
+        for key in tolerance:
+            # A key that looks like an element type (float32, flaot); other keys are the
+            # proof's to refuse ('rtl' is no misspelt element type).
+            if (
+                key not in _TOLERANCE_KEYS
+                and not element_types.is_name(key)
+                and element_types.suggest(key) is not None
+            ):
+                at = line_of(tolerance, str(key), line_of(verify, "tolerance", line))
+                raise RuleDefinitionError(
+                    f"verify: tolerance: {element_types.unknown(key)}", at or line
+                )

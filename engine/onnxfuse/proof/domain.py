@@ -18,33 +18,20 @@ import onnx
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.language.pattern import AttrRef
 from onnxfuse.language.rule import Rule
-from onnxfuse.ops import schemas
+from onnxfuse.ops import element_types, schemas
 from onnxfuse.proof.expr import Expr, ExprError, parse_expr
 
-DTYPES = (
-    "float32",
-    "float16",
-    "float64",
-    "bfloat16",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "bool",
-)
-FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
+# The element types an instance may be drawn in (ONNX's names, as everywhere).
+DTYPES = (*element_types.FLOATS, *element_types.INTEGERS, "bool")
+FLOAT_DTYPES = frozenset(element_types.FLOATS)
 SPECIAL_KINDS = ("nan", "inf", "neg_zero", "subnormal", "large")
 
 # torch.testing.assert_close's defaults: (rtol, atol). Integers and bool: exact.
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float32": (1.3e-6, 1e-5),
+    "float": (1.3e-6, 1e-5),
     "float16": (1e-3, 1e-5),
     "bfloat16": (1.6e-2, 1e-5),
-    "float64": (1e-7, 1e-7),
+    "double": (1e-7, 1e-7),
 }
 DEFAULT_OPSET = 17
 
@@ -407,8 +394,12 @@ def _dtype_list(raw: Any, where: str) -> list[str]:
     for value in values:
         if value in DTYPES:
             result.append(str(value))
+        elif element_types.is_name(value):
+            raise _Invalid(
+                f"{where}: instances are not drawn in {value} (element types: {', '.join(DTYPES)})"
+            )
         else:
-            raise _Invalid(f"{where}: unknown dtype {value!r} (known: {', '.join(DTYPES)})")
+            raise _Invalid(f"{where}: {element_types.unknown(value)}")
     return result
 
 
@@ -482,7 +473,12 @@ def _tolerance(domain: Domain, raw: Any) -> None:
         if key in ("rtol", "atol", "reason"):
             continue
         if key not in DEFAULT_TOLERANCES:
-            raise _Invalid(f"tolerance: unknown key '{key}' (rtol, atol, reason, or a float dtype)")
+            if not element_types.is_name(key) and element_types.suggest(key) is not None:
+                raise _Invalid(f"tolerance: {element_types.unknown(key)}")
+            raise _Invalid(
+                f"tolerance: unknown key '{key}' (rtol, atol, reason, or a float type: "
+                f"{', '.join(DEFAULT_TOLERANCES)})"
+            )
         if not isinstance(value, dict) or not set(value) <= {"rtol", "atol"}:
             raise _Invalid(f"tolerance.{key}: expected {{rtol, atol}}")
         domain.tolerances[key] = _pair(key, value)

@@ -20,6 +20,7 @@ import numpy as np
 
 from onnxfuse.language import interpreter
 from onnxfuse.language.interpreter import Dialect
+from onnxfuse.ops import element_types
 
 _MAX_SEQUENCE = 100_000
 
@@ -97,29 +98,11 @@ def _prod(items: Any) -> Any:
     return math.prod(items)
 
 
-# ONNX element type codes (TensorProto.DataType), for attributes such as Cast's `to`.
-ONNX_TYPE_CODES = {
-    "float32": 1,
-    "uint8": 2,
-    "int8": 3,
-    "uint16": 4,
-    "int16": 5,
-    "int32": 6,
-    "int64": 7,
-    "string": 8,
-    "bool": 9,
-    "float16": 10,
-    "float64": 11,
-    "uint32": 12,
-    "uint64": 13,
-    "bfloat16": 16,
-}
-
-
 def _onnx_type(name: Any) -> int:
-    if name not in ONNX_TYPE_CODES:
-        raise ExprError(f"onnx_type({name!r}): unknown dtype")
-    return ONNX_TYPE_CODES[name]
+    """The ONNX element type number of a name (Cast's `to`): onnx_type('float') is 1."""
+    if not element_types.is_name(name):
+        raise ExprError(f"onnx_type({name!r}): {element_types.unknown(name)}")
+    return element_types.to_onnx(name)
 
 
 FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {
@@ -186,4 +169,32 @@ class Expr:
 def parse_expr(text: str) -> Expr:
     """Parse and check an expression; raise ExprError naming the problem."""
     tree = interpreter.check_syntax(text, DOMAINS, ExprError)
+    _check_element_types(tree, text)
     return Expr(text=text.strip(), tree=tree)
+
+
+def _typed(node: ast.AST) -> bool:
+    """The instance's element type `dt`, or `dtype(X)`: values that are type names."""
+    if isinstance(node, ast.Name):
+        return node.id == "dt"
+    called = node.func if isinstance(node, ast.Call) else None
+    return isinstance(called, ast.Name) and called.id == "dtype"
+
+
+def _check_element_types(tree: ast.Expression, text: str) -> None:
+    """Strings compared with `dt` or `dtype(X)`, and given to onnx_type(), must be
+    element type names as ONNX spells them ('float', not 'float32')."""
+    literals = interpreter.literals_compared_with(tree, _typed)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "onnx_type"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            literals.append(node.args[0].value)
+    for literal in literals:
+        if not element_types.is_name(literal):
+            raise ExprError(f"in {text.strip()!r}: {element_types.unknown(literal)}")

@@ -22,30 +22,14 @@ from onnx import helper, numpy_helper
 
 from onnxfuse.language.pattern import AttrLiteral, AttrRef, Pattern, PatternNode
 from onnxfuse.language.rule import Rule
-from onnxfuse.ops import schemas
-from onnxfuse.proof.domain import FLOAT_DTYPES, Domain, ShapeSpec
+from onnxfuse.ops import element_types, schemas
+from onnxfuse.proof.domain import DTYPES, FLOAT_DTYPES, Domain, ShapeSpec
 from onnxfuse.proof.draw import Drawer, Reject, draw, evaluate
 from onnxfuse.proof.expr import Expr, ExprError, VarRef
 from onnxfuse.rewrite.matcher import attribute_equal
 
-NUMPY_DTYPES: dict[str, Any] = {
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "float64": np.dtype(np.float64),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "int8": np.dtype(np.int8),
-    "int16": np.dtype(np.int16),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "uint8": np.dtype(np.uint8),
-    "uint16": np.dtype(np.uint16),
-    "uint32": np.dtype(np.uint32),
-    "uint64": np.dtype(np.uint64),
-    "bool": np.dtype(np.bool_),
-}
-ONNX_TYPES: dict[str, int] = {
-    name: helper.np_dtype_to_tensor_dtype(dtype) for name, dtype in NUMPY_DTYPES.items()
-}
+NUMPY_DTYPES: dict[str, Any] = {name: element_types.to_numpy(name) for name in DTYPES}
+ONNX_TYPES: dict[str, int] = {name: element_types.to_onnx(name) for name in DTYPES}
 DTYPE_NAMES = {code: name for name, code in ONNX_TYPES.items()}
 
 # Largest tensor an instance may hold: keeps every run small.
@@ -53,8 +37,8 @@ MAX_ELEMENTS = 1 << 16
 # A node that produces or consumes values next to the pattern without being matched by it.
 _HELPER_OPS = (
     ("Identity", None),
-    ("Neg", ("float32", "float16", "float64", "int8", "int16", "int32", "int64")),
-    ("Abs", ("float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8")),
+    ("Neg", ("float", "float16", "double", "int8", "int16", "int32", "int64")),
+    ("Abs", ("float", "float16", "double", "int8", "int16", "int32", "int64", "uint8")),
     ("Not", ("bool",)),
 )
 
@@ -341,7 +325,7 @@ class _Builder:
         elif literal.dtype.kind == "f" and dtype in FLOAT_DTYPES:
             const_dtype = dtype
         else:
-            const_dtype = DTYPE_NAMES.get(helper.np_dtype_to_tensor_dtype(literal.dtype), "float32")
+            const_dtype = DTYPE_NAMES.get(helper.np_dtype_to_tensor_dtype(literal.dtype), "float")
         if spec is not None and spec.shapes is not None:
             dims, _ = eval_shape(self.pick(spec.shapes), env, f"inputs.{name}.shape")
         elif pvalue.scalar or literal.size == 1:
@@ -610,7 +594,7 @@ def ir_version_for(opset: int) -> int:
 
 
 def build_model(
-    spec: InstanceSpec, check: bool = True, fallback_dtype: str = "float32"
+    spec: InstanceSpec, check: bool = True, fallback_dtype: str = "float"
 ) -> onnx.ModelProto:
     """The ONNX model of an instance; Reject if onnx cannot infer or check it.
 

@@ -50,7 +50,7 @@ MUST_NOT_FIRE = (
     "declared",
 )
 BOUNDARY = ("dtype", "runtime-constant", "kept-consumer", "kept-output")
-_OTHER_DTYPES = ("float32", "float16", "float64", "bfloat16", "int32", "int64", "int8", "bool")
+_OTHER_DTYPES = ("float", "float16", "double", "bfloat16", "int32", "int64", "int8", "bool")
 _OTHER_STRINGS = {
     "constant": "reflect",
     "reflect": "edge",

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxfuse.ops import element_types
 from onnxfuse.proof.reference_ops import with_reference_definitions
 
 ORT = "onnxruntime"
@@ -204,7 +205,7 @@ def compare(
             return Mismatch(f"output '{name}': dtype {a.dtype} instead of {e.dtype}")
         if e.shape != a.shape:
             return Mismatch(f"output '{name}': shape {list(a.shape)} instead of {list(e.shape)}")
-        dtype_name = "bfloat16" if e.dtype == ml_dtypes.bfloat16 else str(e.dtype)
+        dtype_name = element_types.from_numpy(e.dtype) or str(e.dtype)
         rtol, atol = tolerance(dtype_name)
         if e.dtype.kind not in "fc" and dtype_name != "bfloat16":
             bad = e != a

@@ -24,7 +24,7 @@ import onnx.defs
 
 from onnxfuse.errors import OnnxfuseError, one_line
 from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
-from onnxfuse.ops import schemas
+from onnxfuse.ops import element_types, schemas
 from onnxfuse.support.heap import collector_paused
 from onnxfuse.support.load_cache import cached, file_key
 from onnxfuse.targets.facts import NodeFacts, dtype_name, standard_schema
@@ -392,6 +392,7 @@ def _parse_op(entry: Any, path: Path, line: int) -> OpSupport:
             path,
             entry.line_of("types"),
         )
+    _check_types(types, where, path, entry)
     return OpSupport(
         domain=str(entry.get("domain") or ""),
         op_type=entry["op"],
@@ -402,6 +403,51 @@ def _parse_op(entry: Any, path: Path, line: int) -> OpSupport:
         signature=_parse_signature(entry.get("signature"), where, path, entry),
         notes=str(entry.get("notes") or ""),
     )
+
+
+def _check_types(types: dict[str, Any], where: str, path: Path, entry: LineMap) -> None:
+    """Every type a `types` list names is an element type as ONNX spells it ('float',
+    not 'float32'), or a container of them as onnxruntime's registry writes one
+    ('seq(tensor(float))'): an entry naming another would never accept a node."""
+    for variable, listed in types.items():
+        at = types.line_of(variable) if isinstance(types, LineMap) else None
+        lines = getattr(listed, "item_lines", None) or []
+        for index, type_str in enumerate(listed):
+            problem = _type_problem(type_str)
+            if problem is not None:
+                line = lines[index] if index < len(lines) else None
+                raise TargetError(problem, path, line or at or entry.line_of("types"))
+
+
+_CONTAINERS = ("seq(", "optional(", "sparse_tensor(", "tensor(", "map(")
+
+
+def _type_problem(type_str: str, inner: bool = False) -> str | None:
+    """What is wrong with a type of a `types` list (None: nothing). At the top an
+    element type stands alone; inside a container it is written tensor(T)."""
+    text = type_str.strip()
+    for prefix in _CONTAINERS:
+        if not (text.startswith(prefix) and text.endswith(")")):
+            continue
+        body = text[len(prefix) : -1]
+        if prefix == "tensor(":
+            if not inner:  # an element type is listed bare: 'float', not 'tensor(float)'
+                return element_types.unknown(type_str)
+            return _element_problem(body)
+        if prefix == "sparse_tensor(":
+            return _element_problem(body)
+        if prefix == "map(":
+            key, comma, value = body.partition(",")
+            if not comma:
+                return f"type '{type_str}': a map is map(key type, value type)"
+            return _element_problem(key) or _type_problem(value, inner=True)
+        return _type_problem(body, inner=True)
+    return _element_problem(text)  # a map's value may be bare too: map(int64,float)
+
+
+def _element_problem(name: str) -> str | None:
+    text = name.strip()
+    return None if element_types.is_name(text) else element_types.unknown(text)
 
 
 def _is_int(value: Any) -> bool:

@@ -19,26 +19,18 @@ import onnx.defs
 import onnx_ir as ir
 
 from onnxfuse.language.guards import constant_tensor
-from onnxfuse.ops import schemas
+from onnxfuse.ops import element_types, schemas
 
 Signature = tuple[tuple[str, ...], tuple[str, ...]]
 
 
 def dtype_name(data_type: int | ir.DataType | None) -> str | None:
     """The ONNX spelling of an element type ('float', 'float16', 'int64', ...)."""
-    if data_type is None or int(data_type) == 0:
-        return None
-    try:
-        return onnx.TensorProto.DataType.Name(int(data_type)).lower()
-    except ValueError:
-        return None
+    return element_types.from_onnx(data_type)
 
 
 def numpy_dtype_name(array: np.ndarray) -> str | None:
-    try:
-        return dtype_name(onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
-    except (KeyError, TypeError, ValueError):
-        return None
+    return element_types.from_numpy(array.dtype)
 
 
 @dataclass(frozen=True)

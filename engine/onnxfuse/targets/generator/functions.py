@@ -33,6 +33,7 @@ import onnx.defs
 import onnx.helper
 import onnx.shape_inference
 
+from onnxfuse.ops import element_types
 from onnxfuse.targets.capabilities import OpSupport, Target
 from onnxfuse.targets.facts import NodeFacts, ValueFacts, dtype_name
 from onnxfuse.targets.generator.sources import short_type
@@ -332,7 +333,7 @@ def _expand(
 
 
 def _elem(dtype: str) -> int:
-    return int(getattr(onnx.TensorProto, dtype.upper()))
+    return element_types.to_onnx(dtype)
 
 
 def _typed_nodes(
