@@ -3,15 +3,16 @@ rule checker's results and errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 import yaml
 
-from onnxfuse.errors import RuleError
+from onnxfuse.errors import RuleError, SourceError
 from onnxfuse.language.rule import _assigns
 from onnxfuse.language.rulefile import parse_rule_text
-from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
+from onnxfuse.language.yaml_lines import LineList, LineMap, load_yaml
 from onnxfuse.language.yaml_parse import _Loader
 
 RELU = "f (X) => (Y) { Y = Relu(X) }"
@@ -107,7 +108,7 @@ def test_yaml_loading_builds_what_pyyaml_builds(text: str) -> None:
     expected = _reference(text)
     try:
         found: object = load_yaml(text)
-    except YamlError as exc:
+    except SourceError as exc:
         assert isinstance(expected, str), f"{exc} but PyYAML loads {expected!r}"
         assert str(exc) == f"malformed YAML: {expected[len('error: ') :]}"
         return
@@ -138,3 +139,25 @@ def test_an_alias_is_its_anchors_object() -> None:
 def test_an_assigned_name_is_found_as_the_regular_expression_finds_it(line: str, name: str) -> None:
     expected = bool(re.search(rf"(^|[\s,]){re.escape(name)}\s*(,|=)", line))
     assert _assigns(line, name) == expected
+
+
+def test_malformed_yaml_is_a_source_error_with_its_line_and_no_path() -> None:
+    with pytest.raises(SourceError) as raised:
+        load_yaml("a: 1\nb: [\n")
+    assert raised.value.path is None and raised.value.line is not None
+
+
+def test_an_error_inside_a_rule_is_placed_at_its_own_line_in_the_file() -> None:
+    text = "rules:" + _rule("bad-guard", "    where: [nope(X)]\n")
+    with pytest.raises(RuleError) as raised:
+        parse_rule_text(text, "a.yaml")
+    # The line of its `where:`, not the rule's first line (2).
+    assert (raised.value.path, raised.value.line) == ("a.yaml", 7)
+    assert str(raised.value).startswith("a.yaml:7: where: unknown function 'nope'")
+
+
+def test_a_rules_place_is_the_file_and_line_of_its_origin() -> None:
+    rule = parse_rule_text("rules:" + _rule("relu-relu", ""), "rules/a.yaml")[0]
+    assert rule.place == ("rules/a.yaml", 2)
+    assert dataclasses.replace(rule, origin="python:relu-relu").place == ("python:relu-relu", None)
+    assert dataclasses.replace(rule, origin="").place == (None, None)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from onnxfuse.errors import RuleError
 from onnxfuse.language import interpreter, symbolic
 from onnxfuse.language.interpreter import Dialect
 from onnxfuse.ops import element_types
@@ -22,10 +23,6 @@ from onnxfuse.ops import element_types
 # Results larger than this are refused: a guard must stay cheap to evaluate.
 _MAX_SEQUENCE = 10_000
 _MAX_VALUE_ELEMENTS = 4096
-
-
-class GuardSyntaxError(Exception):
-    """The expression is not in the guard language."""
 
 
 class GuardUnknown(Exception):
@@ -411,21 +408,21 @@ _MAX_CHECKED = 8192
 
 
 def parse_guard(text: str, known_names: set[str]) -> Guard:
-    """Parse and check an expression; raise GuardSyntaxError naming the problem."""
+    """Parse and check an expression; raise RuleError (no place) naming the problem."""
     tree, names = _checked(text)
     # Per rule, not cached: what a guard may name depends on the rule's bindings.
     for name in sorted(names - known_names):
-        raise GuardSyntaxError(f"unknown name '{name}' in guard {text!r}")
+        raise RuleError(f"unknown name '{name}' in guard {text!r}")
     return Guard(text=text.strip(), tree=tree, names=names)
 
 
 def _checked(text: str) -> tuple[ast.Expression, frozenset[str]]:
     """The checked tree of ``text`` and the names it reads (errors are not cached)."""
     if not isinstance(text, str):  # not hashable, maybe; an error anyway
-        return interpreter.check_expression(text, GUARDS, GuardSyntaxError, "guard")
+        return interpreter.check_expression(text, GUARDS, RuleError, "guard")
     found = _CHECKED.get(text)
     if found is None:
-        found = interpreter.check_expression(text, GUARDS, GuardSyntaxError, "guard")
+        found = interpreter.check_expression(text, GUARDS, RuleError, "guard")
         check_element_types(found[0], text)
         if len(_CHECKED) >= _MAX_CHECKED:
             _CHECKED.clear()
@@ -451,4 +448,4 @@ def check_element_types(tree: ast.Expression, text: str) -> None:
     'undefined' is what ``dtype_name(0)`` gives."""
     for literal in interpreter.literals_compared_with(tree, _typed):
         if not element_types.is_name(literal) and literal != "undefined":
-            raise GuardSyntaxError(f"in guard {text.strip()!r}: {element_types.unknown(literal)}")
+            raise RuleError(f"in guard {text.strip()!r}: {element_types.unknown(literal)}")

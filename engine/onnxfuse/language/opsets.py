@@ -24,6 +24,7 @@ from typing import Any
 
 import onnx
 
+from onnxfuse.errors import RuleError
 from onnxfuse.language.yaml_lines import LineMap
 from onnxfuse.ops import schemas
 
@@ -31,12 +32,6 @@ OPS_KEY = "ops"
 PER_OP_KEY = "per_op"
 PER_OP_KEYS = ("opset", "where", "verify")
 _VARIABLE = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
-
-
-class OpSetError(Exception):
-    def __init__(self, message: str, line: int | None):
-        super().__init__(message)
-        self.line = line
 
 
 @dataclass(frozen=True)
@@ -62,12 +57,12 @@ def parse_members(entry: LineMap) -> list[Member] | None:
     """The expansions of a rule with ``ops:``; None for a rule without it."""
     if OPS_KEY not in entry:
         if PER_OP_KEY in entry:
-            raise OpSetError("'per_op' needs an 'ops' set", entry.line_of(PER_OP_KEY))
+            raise RuleError("'per_op' needs an 'ops' set", line=entry.line_of(PER_OP_KEY))
         return None
     line = entry.line_of(OPS_KEY)
     raw = entry[OPS_KEY]
     if not isinstance(raw, dict) or not raw:
-        raise OpSetError("'ops' must map op-type variables to lists of op types", line)
+        raise RuleError("'ops' must map op-type variables to lists of op types", line=line)
     variables: dict[str, list[str]] = {}
     for name, members in raw.items():
         variables[str(name)] = _check_set(name, members, line)
@@ -90,23 +85,25 @@ def parse_members(entry: LineMap) -> list[Member] | None:
 
 def _check_set(name: Any, members: Any, line: int | None) -> list[str]:
     if not isinstance(name, str) or not _VARIABLE.match(name):
-        raise OpSetError(
-            f"ops: variable {name!r} must be a name starting with a capital letter", line
+        raise RuleError(
+            f"ops: variable {name!r} must be a name starting with a capital letter", line=line
         )
     if schemas.known_op("", name):
-        raise OpSetError(f"ops: variable '{name}' is the name of an ONNX op; pick another", line)
+        raise RuleError(
+            f"ops: variable '{name}' is the name of an ONNX op; pick another", line=line
+        )
     if isinstance(members, str) or not isinstance(members, list) or not members:
-        raise OpSetError(f"ops: '{name}' must be a non-empty list of op types", line)
+        raise RuleError(f"ops: '{name}' must be a non-empty list of op types", line=line)
     seen: set[str] = set()
     for item in members:
         if not isinstance(item, str) or not item or item.endswith("::"):
-            raise OpSetError(f"ops: '{name}' holds {item!r}, which is not an op type", line)
+            raise RuleError(f"ops: '{name}' holds {item!r}, which is not an op type", line=line)
         domain, op = op_key(item)
         if schemas.known_op(domain, op) is False:
             where = f"{domain}::{op}" if domain else op
-            raise OpSetError(f"ops: unknown op '{where}' in the set '{name}'", line)
+            raise RuleError(f"ops: unknown op '{where}' in the set '{name}'", line=line)
         if item in seen:
-            raise OpSetError(f"ops: '{item}' is listed twice in the set '{name}'", line)
+            raise RuleError(f"ops: '{item}' is listed twice in the set '{name}'", line=line)
         seen.add(item)
     return list(members)
 
@@ -115,27 +112,27 @@ def _parse_per_op(entry: LineMap, members: set[str]) -> dict[str, dict[str, Any]
     raw = entry.get(PER_OP_KEY, {})
     line = entry.line_of(PER_OP_KEY)
     if not isinstance(raw, dict):
-        raise OpSetError("'per_op' must map members of the op set to rule keys", line)
+        raise RuleError("'per_op' must map members of the op set to rule keys", line=line)
     result: dict[str, dict[str, Any]] = {}
     for label, keys in raw.items():
         if label not in members:
-            raise OpSetError(f"per_op: '{label}' is not a member of the op set", line)
+            raise RuleError(f"per_op: '{label}' is not a member of the op set", line=line)
         if not isinstance(keys, dict):
-            raise OpSetError(f"per_op.{label} must be a mapping of rule keys", line)
+            raise RuleError(f"per_op.{label} must be a mapping of rule keys", line=line)
         for key in keys:
             if key not in PER_OP_KEYS:
-                raise OpSetError(
+                raise RuleError(
                     f"per_op.{label}: '{key}' cannot differ per member "
                     f"(allowed: {', '.join(PER_OP_KEYS)})",
-                    line,
+                    line=line,
                 )
         where = keys.get("where", [])
         if isinstance(where, str):
             where = [where]
         if not isinstance(where, list):
-            raise OpSetError(f"per_op.{label}.where must be an expression or a list", line)
+            raise RuleError(f"per_op.{label}.where must be an expression or a list", line=line)
         if "verify" in keys and not isinstance(keys["verify"], dict):
-            raise OpSetError(f"per_op.{label}.verify must be a mapping", line)
+            raise RuleError(f"per_op.{label}.verify must be a mapping", line=line)
         result[str(label)] = {**keys, **({"where": list(where)} if "where" in keys else {})}
     return result
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from onnxfuse.errors import RuleError
+from onnxfuse.errors import RuleError, SourceError
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.language.rulefile import load_rule_file
-from onnxfuse.language.yaml_lines import LineMap, YamlError, load_yaml
+from onnxfuse.language.yaml_lines import LineMap, load_yaml
 from onnxfuse.support.heap import collector_paused
 from onnxfuse.support.load_cache import cached, content_key, stat_key
 
@@ -87,8 +87,8 @@ def read_manifest(folder: str | Path) -> PackManifest:
         return PackManifest()
     try:
         document = load_yaml(path.read_text(encoding="utf-8"))
-    except YamlError as exc:
-        raise RuleError(str(exc), str(path), exc.line) from None
+    except SourceError as exc:
+        raise RuleError(exc.message, path, exc.line) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RuleError(f"cannot read pack manifest: {exc}", str(path)) from None
     if document is None:
@@ -293,6 +293,6 @@ def check_unique(rules: list[Rule]) -> None:
         if rule.name in seen:
             raise RuleError(
                 f"rule '{rule.name}' is defined twice (also at {seen[rule.name].origin})",
-                rule.origin,
+                *rule.place,
             )
         seen[rule.name] = rule

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxfuse.errors import RuleError
 from onnxfuse.ops.attributes import python_value
 
 # Ops whose inputs may be matched in any order, without copying the rule.
@@ -40,14 +41,6 @@ Requirements = list[list[tuple[int, "PatternNode | None", int]]]
 # A Constant-node attribute that holds a single value, as opposed to a tensor.
 _SCALAR_CONSTANT_ATTRS = ("value_float", "value_int", "value_string")
 _CONSTANT_ATTRS = (*_SCALAR_CONSTANT_ATTRS, "value", "value_floats", "value_ints", "value_strings")
-
-
-class PatternError(Exception):
-    """A pattern is not well formed; ``line`` is relative to the pattern text."""
-
-    def __init__(self, message: str, line: int | None = None):
-        super().__init__(message)
-        self.line = line
 
 
 @dataclass(frozen=True)
@@ -159,19 +152,19 @@ def attribute_value(attr: onnx.AttributeProto) -> Any:
     try:
         return python_value(attr)
     except ValueError as exc:
-        raise PatternError(str(exc)) from None
+        raise RuleError(str(exc)) from None
 
 
 def _constant_value(node: onnx.NodeProto) -> tuple[np.ndarray, bool]:
     if len(node.attribute) != 1 or node.attribute[0].name not in _CONSTANT_ATTRS:
-        raise PatternError(
+        raise RuleError(
             "a Constant in a pattern needs exactly one of "
             + ", ".join(_CONSTANT_ATTRS)
             + " with a literal value"
         )
     attr = node.attribute[0]
     if attr.ref_attr_name:
-        raise PatternError(
+        raise RuleError(
             "a Constant in a source pattern must hold a literal value, not an attribute reference"
         )
     scalar = attr.name in _SCALAR_CONSTANT_ATTRS
@@ -183,7 +176,7 @@ def _constant_value(node: onnx.NodeProto) -> tuple[np.ndarray, bool]:
             return np.asarray(value, dtype=np.int64), scalar
         return np.asarray(value), scalar
     except (TypeError, ValueError, OverflowError) as exc:
-        raise PatternError(f"Constant {attr.name}: not a literal value ({exc})") from None
+        raise RuleError(f"Constant {attr.name}: not a literal value ({exc})") from None
 
 
 def compile_function(
@@ -203,7 +196,7 @@ def compile_function(
     inputs: list[PatternValue] = []
     for name in function.input:
         if name in values:
-            raise PatternError(f"pattern input '{name}' is listed twice")
+            raise RuleError(f"pattern input '{name}' is listed twice")
         values[name] = PatternValue(name=name, kind="input")
         inputs.append(values[name])
 
@@ -212,21 +205,21 @@ def compile_function(
         line = node_lines[position] if node_lines and position < len(node_lines) else None
         try:
             node = _compile_node(proto, values, role, commutative, len(nodes))
-        except PatternError as exc:
-            raise PatternError(str(exc), exc.line if exc.line is not None else line) from None
+        except RuleError as exc:
+            raise exc.located(line=line) from None
         if node is not None:
             nodes.append(node)
 
     outputs: list[PatternValue] = []
     for name in function.output:
         if name not in values:
-            raise PatternError(f"pattern output '{name}' is never computed")
+            raise RuleError(f"pattern output '{name}' is never computed")
         value = values[name]
         if role == "source" and value.kind != "node":
-            raise PatternError(f"source output '{name}' must be produced by a node of the pattern")
+            raise RuleError(f"source output '{name}' must be produced by a node of the pattern")
         outputs.append(value)
     if not outputs:
-        raise PatternError("a pattern needs at least one output")
+        raise RuleError("a pattern needs at least one output")
     if role == "source":
         _check_connected(nodes, outputs)
     return Pattern(
@@ -249,7 +242,7 @@ def _compile_node(
     domain = normalize_domain(proto.domain)
     if role == "source" and domain == "" and proto.op_type == "Constant":
         if len(proto.output) != 1 or proto.output[0] in values:
-            raise PatternError("a Constant must define one new value")
+            raise RuleError("a Constant must define one new value")
         constant, scalar = _constant_value(proto)
         name = proto.output[0]
         values[name] = PatternValue(name=name, kind="constant", constant=constant, scalar=scalar)
@@ -261,7 +254,7 @@ def _compile_node(
             node_inputs.append(None)
             continue
         if name not in values:
-            raise PatternError(f"{proto.op_type}: input '{name}' is used before it is defined")
+            raise RuleError(f"{proto.op_type}: input '{name}' is used before it is defined")
         node_inputs.append(values[name])
 
     attributes: dict[str, AttrLiteral | AttrRef] = {}
@@ -285,7 +278,7 @@ def _compile_node(
             node.outputs.append(None)
             continue
         if name in values:
-            raise PatternError(f"{proto.op_type}: value '{name}' is defined twice")
+            raise RuleError(f"{proto.op_type}: value '{name}' is defined twice")
         value = PatternValue(name=name, kind="node", producer=node, output_index=position)
         values[name] = value
         node.outputs.append(value)
@@ -304,4 +297,4 @@ def _check_connected(nodes: list[PatternNode], outputs: list[PatternValue]) -> N
         stack.extend(v.producer for v in node.inputs if v is not None and v.producer is not None)
     for node in nodes:
         if node.index not in reached:
-            raise PatternError(f"{node.describe()}: node does not lead to any pattern output")
+            raise RuleError(f"{node.describe()}: node does not lead to any pattern output")

@@ -6,9 +6,9 @@ from typing import Any
 
 import onnx
 
-from onnxfuse.errors import RuleError
-from onnxfuse.language.pattern import PatternError, compile_function
-from onnxfuse.language.rule import Rule, RuleDefinitionError, commutative_set
+from onnxfuse.errors import NO_RULE_FILE, RuleError
+from onnxfuse.language.pattern import compile_function
+from onnxfuse.language.rule import Rule, commutative_set
 from onnxfuse.language.rulefile import check_keys, rule_from_entry
 from onnxfuse.language.yaml_lines import LineMap
 
@@ -18,7 +18,10 @@ def _function_proto(function: Any) -> onnx.FunctionProto:
         return function
     to_proto = getattr(function, "to_function_proto", None)
     if to_proto is None:
-        raise RuleError(f"{function!r} is neither an onnxscript function nor a FunctionProto")
+        # A place of its own: the rule's (python:NAME), added below, does not replace it.
+        raise RuleError(
+            f"{function!r} is neither an onnxscript function nor a FunctionProto", NO_RULE_FILE
+        )
     return to_proto()
 
 
@@ -49,5 +52,5 @@ def rule_from_functions(
             _function_proto(target), role="target", commutative=commutative
         )
         return rule_from_entry(entry, compiled, compiled_target, pack=pack, origin=f"python:{name}")
-    except (RuleDefinitionError, PatternError) as exc:
-        raise RuleError(str(exc), f"python:{name}") from None
+    except RuleError as exc:
+        raise exc.located(f"python:{name}") from None

@@ -9,14 +9,14 @@ from typing import Any
 import onnx
 import onnx.parser
 
+from onnxfuse.errors import RuleError
 from onnxfuse.language import opsets
-from onnxfuse.language.guards import Guard, GuardSyntaxError, GuardUnknown, parse_guard
+from onnxfuse.language.guards import Guard, GuardUnknown, parse_guard
 from onnxfuse.language.pattern import (
     COMMUTATIVE_OPS,
     AttrLiteral,
     AttrRef,
     Pattern,
-    PatternError,
     compile_function,
     normalize_domain,
 )
@@ -31,14 +31,6 @@ ALTERNATIVE = "alternative"
 TARGET_PARAMS = "target_params"
 # Rewrite phases, in the order they run; each reaches its own fixpoint before the next.
 PHASES = ("fusion", "layout")
-
-
-class RuleDefinitionError(Exception):
-    """A rule is not well formed; ``line`` is absolute in the rule file where known."""
-
-    def __init__(self, message: str, line: int | None = None):
-        super().__init__(message)
-        self.line = line
 
 
 @dataclass(eq=False)
@@ -67,6 +59,15 @@ class Rule:
     # op each op-type variable stands for here ('Relu', 'com.microsoft::Gelu').
     family: str = ""
     op_bindings: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def place(self) -> tuple[str | None, int | None]:
+        """Where the rule is written, from its origin: (file, line), or ('python:NAME',
+        None) for a rule written in Python, (None, None) for one without an origin."""
+        path, _, line = self.origin.rpartition(":")
+        if path and line.isdecimal():
+            return path, int(line)
+        return self.origin or None, None
 
     def runs_in(self, phase: str) -> bool:
         return phase == self.phase or phase in self.also_phases
@@ -106,7 +107,7 @@ def parse_pattern_text(
     for in this expansion; a source must use every one of them as an op type.
     """
     if not isinstance(text, str) or not text.strip():
-        raise RuleDefinitionError(f"{role} must be a pattern in the ONNX text syntax", first_line)
+        raise RuleError(f"{role} must be a pattern in the ONNX text syntax", line=first_line)
     has_header = text.lstrip().startswith("<")
     full = text if has_header else _PATTERN_HEADER.format(opset=_DEFAULT_PATTERN_OPSET) + text
     offset = first_line - (0 if has_header else 1)
@@ -114,24 +115,24 @@ def parse_pattern_text(
         function, lines = _parse_function(full, private=bool(op_types))
     except onnx.parser.ParseError as exc:
         message, line = _parse_error(exc)
-        raise RuleDefinitionError(
+        raise RuleError(
             f"{role}: syntax error in pattern: {message}",
-            None if line is None else line - 1 + offset,
+            line=None if line is None else line - 1 + offset,
         ) from None
     except (RuntimeError, ValueError, IndexError) as exc:  # e.g. a literal out of range
-        raise RuleDefinitionError(f"{role}: invalid pattern: {exc}", first_line) from None
+        raise RuleError(f"{role}: invalid pattern: {exc}", line=first_line) from None
     node_lines = [line + offset for line in lines]
     if op_types:
         used = opsets.substitute(function, op_types)
         unused = [name for name in op_types if name not in used]
         if role == "source" and unused:
-            raise RuleDefinitionError(
-                f"source: op-type variable '{unused[0]}' is not used as an op type", first_line
+            raise RuleError(
+                f"source: op-type variable '{unused[0]}' is not used as an op type", line=first_line
             )
     try:
         return compile_function(function, role=role, commutative=commutative, node_lines=node_lines)
-    except PatternError as exc:
-        raise RuleDefinitionError(f"{role}: {exc}", exc.line or first_line) from None
+    except RuleError as exc:
+        raise exc.prefixed(role).located(line=first_line) from None
 
 
 # Parsed pattern texts with their node lines: an op-set family parses one text per
@@ -209,9 +210,9 @@ def build_rule(
     lines = lines or {}
     written = metadata.get("family") or name
     if not isinstance(written, str) or not _NAME.match(written):
-        raise RuleDefinitionError(
+        raise RuleError(
             f"rule name {written!r} must start with a letter and use letters, digits, _ . -",
-            lines.get("name"),
+            line=lines.get("name"),
         )
     rule = Rule(name=name, sources=sources, target=target, **metadata)
     _check_signatures(rule, lines)
@@ -224,7 +225,7 @@ def build_rule(
     _check_ops(
         rule.target,
         "target",
-        (lines.get("replacement") or lines.get("target")),
+        lines.get("target"),
         opset,
         strict_attributes=True,
         copied=frozenset(rule.copy_attributes.values()),
@@ -239,60 +240,60 @@ def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
     first = rule.sources[0]
     for source in rule.sources[1:]:
         if set(source.input_names()) != set(first.input_names()):
-            raise RuleDefinitionError(
+            raise RuleError(
                 "all alternative sources must take the same variables "
                 f"({', '.join(first.input_names())})",
-                lines.get("source"),
+                line=lines.get("source"),
             )
         if len(source.outputs) != len(first.outputs):
-            raise RuleDefinitionError(
+            raise RuleError(
                 "all alternative sources must have the same number of outputs",
-                lines.get("source"),
+                line=lines.get("source"),
             )
         if set(source.attribute_vars) != set(first.attribute_vars):
-            raise RuleDefinitionError(
-                "all alternative sources must bind the same attributes", lines.get("source")
+            raise RuleError(
+                "all alternative sources must bind the same attributes", line=lines.get("source")
             )
     if len(rule.target.outputs) != len(first.outputs):
-        raise RuleDefinitionError(
+        raise RuleError(
             f"target has {len(rule.target.outputs)} output(s), source has {len(first.outputs)}",
-            (lines.get("replacement") or lines.get("target")),
+            line=lines.get("target"),
         )
     source_vars = set(first.input_names())
     for name in rule.target.input_names():
         if name not in source_vars:
-            raise RuleDefinitionError(
+            raise RuleError(
                 f"target input '{name}' is not a variable of the source",
-                (lines.get("replacement") or lines.get("target")),
+                line=lines.get("target"),
             )
     for name in rule.optional:
         if name not in source_vars:
-            raise RuleDefinitionError(
+            raise RuleError(
                 f"optional variable '{name}' is not a variable of the source",
-                lines.get("optional"),
+                line=lines.get("optional"),
             )
     attribute_names = set(first.attribute_vars) | set(rule.lets)
     for node in rule.target.nodes:
         for attr in node.attributes.values():
             if isinstance(attr, AttrRef) and attr.var not in attribute_names:
-                raise RuleDefinitionError(
+                raise RuleError(
                     f"target {node.op_type} refers to @{attr.var}, which is neither a "
                     "source attribute nor a 'let' name",
-                    (lines.get("replacement") or lines.get("target")),
+                    line=lines.get("target"),
                 )
     for source_value, target_value in rule.copy_attributes.items():
         for source in rule.sources:
             found = source.values.get(source_value)
             if found is None or found.kind != "node":
-                raise RuleDefinitionError(
+                raise RuleError(
                     f"copy_attributes: '{source_value}' is not a node output of every source",
-                    lines.get("copy_attributes"),
+                    line=lines.get("copy_attributes"),
                 )
         found = rule.target.values.get(target_value)
         if found is None or found.kind != "node":
-            raise RuleDefinitionError(
+            raise RuleError(
                 f"copy_attributes: '{target_value}' is not a node output of the target",
-                lines.get("copy_attributes"),
+                line=lines.get("copy_attributes"),
             )
     _check_keep(rule, lines.get("keep"))
     for source in rule.sources:
@@ -301,9 +302,9 @@ def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
         }
         for declared in source.attribute_vars:
             if declared not in used:
-                raise RuleDefinitionError(
+                raise RuleError(
                     f"source attribute variable '{declared}' is declared but never bound",
-                    lines.get("source"),
+                    line=lines.get("source"),
                 )
 
 
@@ -314,16 +315,16 @@ def _check_keep(rule: Rule, line: int | None) -> None:
         for source in rule.sources:
             found = source.values.get(name)
             if found is None or found.kind != "node" or found in source.outputs:
-                raise RuleDefinitionError(
-                    f"keep: '{name}' is not an intermediate value of every source", line
+                raise RuleError(
+                    f"keep: '{name}' is not an intermediate value of every source", line=line
                 )
             assert found.producer is not None
             for pvalue in found.producer.inputs:
                 if pvalue is not None and pvalue.kind == "node" and pvalue.name not in rule.keep:
-                    raise RuleDefinitionError(
+                    raise RuleError(
                         f"keep: '{name}' is computed from '{pvalue.name}', which the rewrite "
                         "removes; keep it too",
-                        line,
+                        line=line,
                     )
 
 
@@ -346,43 +347,43 @@ def _check_ops(
         known = schemas.known_op(node.domain, node.op_type)
         where = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
         if known is False:
-            raise RuleDefinitionError(f"{role}: unknown op '{where}'", line)
+            raise RuleError(f"{role}: unknown op '{where}'", line=line)
         low, high = opset if node.domain == "" else (None, None)
         versions = schemas.schemas_in_range(node.domain, node.op_type, low, high)
         if not versions:
             if node.domain in schemas.ONNX_DOMAINS:
-                raise RuleDefinitionError(
-                    f"{role}: {where} does not exist in the rule's opset range", line
+                raise RuleError(
+                    f"{role}: {where} does not exist in the rule's opset range", line=line
                 )
             continue
         for attr_name, spec in node.attributes.items():
             if not any(attr_name in v.attributes for v in versions):
-                raise RuleDefinitionError(
+                raise RuleError(
                     f"{role}: {where} has no attribute '{attr_name}' in the rule's opset range",
-                    line,
+                    line=line,
                 )
             if isinstance(spec, AttrLiteral):
                 found = [v.attributes.get(attr_name) for v in versions]
                 problem = _literal_problem(attr_name, spec, found)
                 if problem is not None:
-                    raise RuleDefinitionError(f"{role}: {where} {attr_name}: {problem}", line)
+                    raise RuleError(f"{role}: {where} {attr_name}: {problem}", line=line)
         arity = (len(node.inputs), len(node.outputs))
         if not any(
             v.min_input <= arity[0] <= v.max_input and v.min_output <= arity[1] <= v.max_output
             for v in versions
         ):
-            raise RuleDefinitionError(
+            raise RuleError(
                 f"{role}: {where} takes no {arity[0]} inputs and {arity[1]} outputs "
                 "in the rule's opset range",
-                line,
+                line=line,
             )
         if strict_attributes and not any(o is not None and o.name in copied for o in node.outputs):
             for attr_name, attr_schema in versions[-1].attributes.items():
                 if attr_schema.required and attr_name not in node.attributes:
-                    raise RuleDefinitionError(
+                    raise RuleError(
                         f"{role}: {where} must name its required attribute '{attr_name}' "
                         f"(bind it, e.g. <{attr_name}: TYPE = @{attr_name}>, or give a value)",
-                        line,
+                        line=line,
                     )
 
 
@@ -422,9 +423,9 @@ def compile_guards(
     for index, text in enumerate(expressions):
         try:
             guards.append(parse_guard(text, known))
-        except GuardSyntaxError as exc:
+        except RuleError as exc:
             own = item_lines[index] if item_lines is not None else None
-            raise RuleDefinitionError(f"where: {exc}", own or line) from None
+            raise exc.prefixed("where").located(line=own or line) from None
     return guards
 
 
@@ -433,7 +434,7 @@ def commutative_set(extra: list[str], line: int | None) -> frozenset[tuple[str, 
     result = set(COMMUTATIVE_OPS)
     for item in extra:
         if not isinstance(item, str) or not item:
-            raise RuleDefinitionError("commutative: expected a list of op names", line)
+            raise RuleError("commutative: expected a list of op names", line=line)
         domain, _, op = item.rpartition("::")
         result.add((normalize_domain(domain), op))
     return frozenset(result)

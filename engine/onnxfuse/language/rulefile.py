@@ -5,21 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from onnxfuse.errors import RuleError
+from onnxfuse.errors import RuleError, SourceError
 from onnxfuse.language.guards import Guard
-from onnxfuse.language.opsets import Member, OpSetError, narrow_opset, parse_members
+from onnxfuse.language.opsets import Member, narrow_opset, parse_members
 from onnxfuse.language.pattern import Pattern
 from onnxfuse.language.rule import (
     ALTERNATIVE,
     TARGET_PARAMS,
     Rule,
-    RuleDefinitionError,
     build_rule,
     commutative_set,
     compile_guards,
     parse_pattern_text,
 )
-from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
+from onnxfuse.language.yaml_lines import LineList, LineMap, load_yaml
 from onnxfuse.ops import element_types
 
 RULE_KEYS = {
@@ -61,8 +60,8 @@ def load_rule_file(path: str | Path, pack: str = "") -> list[Rule]:
 def parse_rule_text(text: str, path: str = "<rules>", pack: str = "") -> list[Rule]:
     try:
         document = load_yaml(text)
-    except YamlError as exc:
-        raise RuleError(str(exc), path, exc.line) from None
+    except SourceError as exc:
+        raise RuleError(exc.message, path, exc.line) from None
     if not isinstance(document, LineMap):
         raise RuleError("expected a mapping with a 'rules' list at the top", path, 1)
     for key in document:
@@ -80,8 +79,8 @@ def parse_rule_text(text: str, path: str = "<rules>", pack: str = "") -> list[Ru
     for entry, line in zip(entries, entries.item_lines):
         try:
             parsed = _parse_rule(entry, line, pack, path)
-        except RuleDefinitionError as exc:
-            raise RuleError(str(exc), path, exc.line or line) from None
+        except RuleError as exc:
+            raise exc.located(path, line) from None
         for rule in parsed:
             family = rule.family or rule.name
             if rule.name in seen or family in seen:
@@ -100,12 +99,9 @@ def parse_rule_text(text: str, path: str = "<rules>", pack: str = "") -> list[Ru
 def _parse_rule(entry: Any, line: int, pack: str, path: str) -> list[Rule]:
     """One rule, or one per member of the rule's op set (`ops:`)."""
     if not isinstance(entry, LineMap):
-        raise RuleDefinitionError("each rule must be a mapping", line)
+        raise RuleError("each rule must be a mapping", line=line)
     check_keys(entry)
-    try:
-        members = parse_members(entry)
-    except OpSetError as exc:
-        raise RuleDefinitionError(str(exc), exc.line) from None
+    members = parse_members(entry)
     if members is None:
         return [_parse_one(entry, line, pack, path, None)]
     return [_parse_one(entry, line, pack, path, member) for member in members]
@@ -136,19 +132,19 @@ def _parse_one(entry: LineMap, line: int, pack: str, path: str, member: Member |
         return rule_from_entry(
             entry, sources, target, pack=pack, origin=f"{path}:{line}", member=member
         )
-    except RuleDefinitionError as exc:
+    except RuleError as exc:
         if member is None:
             raise
         # Which member broke it: the schema checks run per op.
-        raise RuleDefinitionError(f"op set member {member.suffix}: {exc}", exc.line) from None
+        raise exc.prefixed(f"op set member {member.suffix}") from None
 
 
 def check_keys(entry: LineMap) -> None:
     for key in entry:
         if key not in RULE_KEYS:
-            raise RuleDefinitionError(
+            raise RuleError(
                 f"unknown rule key '{key}' (expected one of: {', '.join(RULE_KEYS)})",
-                entry.line_of(str(key)),
+                line=entry.line_of(str(key)),
             )
 
 
@@ -164,10 +160,12 @@ def rule_from_entry(
     """Build a rule from its compiled patterns and the other keys of its mapping;
     for a member of an op set, with that member's `per_op` keys."""
     lines = {key: entry.line_of(key) for key in RULE_KEYS}
+    # The replacement's line, under either name it was written with.
+    lines["target"] = lines["replacement"] or lines["target"]
     lines["source"] = entry.line_of("sources" if "sources" in entry else "source")
     name = entry.get("name")
     if name is None:
-        raise RuleDefinitionError("rule has no 'name'", entry.line)
+        raise RuleError("rule has no 'name'", line=entry.line)
 
     # Guards may name any value every alternative defines, the attributes, and
     # `alternative` (which source matched) unless a value of that name shadows it.
@@ -177,7 +175,7 @@ def rule_from_entry(
     lets = _parse_lets(entry, bound, lines["let"])
     guards = _compile_where(entry.get("where", []), bound | set(lets), lines["where"])
     if member is None and "ops" in entry:
-        raise RuleDefinitionError("'ops' is only read from rule files", lines["ops"])
+        raise RuleError("'ops' is only read from rule files", line=lines["ops"])
     overrides = member.overrides if member else {}
     guards += _compile_where(overrides.get("where", []), bound | set(lets), lines["per_op"])
     opset_entry = LineMap({"opset": overrides["opset"]}) if "opset" in overrides else entry
@@ -219,12 +217,12 @@ def rule_from_entry(
 
 def _source_texts(entry: LineMap) -> list[tuple[str, int]]:
     if "source" in entry and "sources" in entry:
-        raise RuleDefinitionError("give either 'source' or 'sources', not both", entry.line)
+        raise RuleError("give either 'source' or 'sources', not both", line=entry.line)
     if "source" in entry:
         return [(entry["source"], entry.line_of("source"))]
     sources = entry.get("sources")
     if not isinstance(sources, LineList) or not sources:
-        raise RuleDefinitionError("rule has no 'source'", entry.line)
+        raise RuleError("rule has no 'source'", line=entry.line)
     return list(zip(sources, sources.item_lines))
 
 
@@ -246,7 +244,7 @@ def _guard_list(
     if isinstance(where, str):
         return [(where, line)]
     if not isinstance(where, list) or depth > _MAX_GUARD_NESTING:
-        raise RuleDefinitionError("'where' must be an expression or a list of them", line)
+        raise RuleError("'where' must be an expression or a list of them", line=line)
     flat: list[tuple[str, int | None]] = []
     if id(where) in seen:
         return flat
@@ -267,12 +265,12 @@ def _compile_where(where: Any, known: set[str], line: int | None) -> list[Guard]
 def _parse_lets(entry: LineMap, bound: set[str], line: int) -> dict[str, Any]:
     raw = entry.get("let", {})
     if not isinstance(raw, dict):
-        raise RuleDefinitionError("'let' must map names to expressions", line)
+        raise RuleError("'let' must map names to expressions", line=line)
     lets = {}
     known = set(bound)
     for name, text in raw.items():
         if not isinstance(name, str) or not name.isidentifier() or name in known:
-            raise RuleDefinitionError(f"'let' name {name!r} is invalid or already bound", line)
+            raise RuleError(f"'let' name {name!r} is invalid or already bound", line=line)
         lets[name] = compile_guards([text], known, line)[0]
         known.add(name)
     return lets
@@ -281,7 +279,7 @@ def _parse_lets(entry: LineMap, bound: set[str], line: int) -> dict[str, Any]:
 def _parse_opset(entry: LineMap, line: int) -> dict[str, tuple[int | None, int | None]]:
     raw = entry.get("opset", {})
     if not isinstance(raw, dict):
-        raise RuleDefinitionError("'opset' must map a domain to [min, max] or a minimum", line)
+        raise RuleError("'opset' must map a domain to [min, max] or a minimum", line=line)
     result: dict[str, tuple[int | None, int | None]] = {}
     for domain, bounds in raw.items():
         domain_name = "" if domain in ("", "ai.onnx") else str(domain)
@@ -294,8 +292,8 @@ def _parse_opset(entry: LineMap, line: int) -> dict[str, tuple[int | None, int |
         ):
             result[domain_name] = (bounds[0], bounds[1])
         else:
-            raise RuleDefinitionError(
-                f"opset for domain '{domain}' must be a minimum or [min, max]", line
+            raise RuleError(
+                f"opset for domain '{domain}' must be a minimum or [min, max]", line=line
             )
     return result
 
@@ -305,21 +303,21 @@ def _parse_imports(entry: LineMap, line: int) -> dict[str, int]:
     if not isinstance(raw, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31 for v in raw.values()
     ):
-        raise RuleDefinitionError("'imports' must map domains to opset versions", line)
+        raise RuleError("'imports' must map domains to opset versions", line=line)
     return {str(k): v for k, v in raw.items()}
 
 
 def _string(entry: LineMap, key: str, default: str) -> str:
     value = entry.get(key, default)
     if not isinstance(value, str):
-        raise RuleDefinitionError(f"'{key}' must be a string", entry.line_of(key))
+        raise RuleError(f"'{key}' must be a string", line=entry.line_of(key))
     return value
 
 
 def _integer(entry: LineMap, key: str, default: int) -> int:
     value = entry.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise RuleDefinitionError(f"'{key}' must be an integer", entry.line_of(key))
+        raise RuleError(f"'{key}' must be an integer", line=entry.line_of(key))
     return value
 
 
@@ -328,7 +326,7 @@ def _tolerance(entry: LineMap, line: int) -> float | None:
     if value is None:
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
-        raise RuleDefinitionError("'tolerance' must be a number in [0, 1)", line)
+        raise RuleError("'tolerance' must be a number in [0, 1)", line=line)
     return float(value)
 
 
@@ -337,14 +335,14 @@ def _string_list(entry: LineMap, key: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise RuleDefinitionError(f"'{key}' must be a list of strings", entry.line_of(key))
+        raise RuleError(f"'{key}' must be a list of strings", line=entry.line_of(key))
     return list(value)
 
 
 def _mapping(entry: LineMap, key: str) -> dict[str, Any]:
     value = entry.get(key, {})
     if not isinstance(value, dict):
-        raise RuleDefinitionError(f"'{key}' must be a mapping", entry.line_of(key))
+        raise RuleError(f"'{key}' must be a mapping", line=entry.line_of(key))
     return dict(value)
 
 
@@ -353,19 +351,19 @@ def _string_map(entry: LineMap, key: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise RuleDefinitionError(f"'{key}' must map names to names", entry.line_of(key))
+        raise RuleError(f"'{key}' must map names to names", line=entry.line_of(key))
     return dict(value)
 
 
 def _replacement_key(entry: LineMap, line: int) -> str:
     """``replacement:``, or ``target:`` as rule files wrote it before; not both."""
     if "replacement" in entry and "target" in entry:
-        raise RuleDefinitionError("rule has both 'replacement' and 'target' (one name)", line)
+        raise RuleError("rule has both 'replacement' and 'target' (one name)", line=line)
     if "replacement" in entry:
         return "replacement"
     if "target" in entry:
         return "target"
-    raise RuleDefinitionError("rule has no 'replacement'", line)
+    raise RuleError("rule has no 'replacement'", line=line)
 
 
 # Keys of a `verify:` tolerance that are not element types.
@@ -386,8 +384,8 @@ def check_verify_types(verify: Any, line: int | None) -> None:
         for index, item in enumerate(values):
             if not element_types.is_name(item):
                 item_line = lines[index] if index < len(lines) else at
-                raise RuleDefinitionError(
-                    f"verify: {where}: {element_types.unknown(item)}", item_line or line
+                raise RuleError(
+                    f"verify: {where}: {element_types.unknown(item)}", line=item_line or line
                 )
 
     def line_of(mapping: Any, key: str, default: int | None) -> int | None:
@@ -421,6 +419,4 @@ def check_verify_types(verify: Any, line: int | None) -> None:
                 and element_types.suggest(key) is not None
             ):
                 at = line_of(tolerance, str(key), line_of(verify, "tolerance", line))
-                raise RuleDefinitionError(
-                    f"verify: tolerance: {element_types.unknown(key)}", at or line
-                )
+                raise RuleError(f"verify: tolerance: {element_types.unknown(key)}", line=at or line)

@@ -24,14 +24,9 @@ class LineList(list):
     item_lines: list[int]
 
 
-class YamlError(Exception):
-    def __init__(self, message: str, line: int | None):
-        super().__init__(message)
-        self.line = line
-
-
 def load_yaml(text: str) -> Any:
-    """Parse YAML text; raise YamlError with a 1-based line on malformed input."""
+    """Parse YAML text; raise SourceError with a 1-based line (and no path) on
+    malformed input."""
     # PyYAML is imported when a file is first parsed: runs that read their rules and
     # target from the load cache parse none.
     from onnxfuse.language.yaml_parse import parse

@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError
+from onnxfuse.errors import SourceError
+from onnxfuse.language.yaml_lines import LineList, LineMap
 
 # libyaml's parser when the installed PyYAML has it: several times faster.
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -75,7 +76,7 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _constr
 
 
 def parse(text: str) -> Any:
-    """Parse YAML text; raise YamlError with a 1-based line on malformed input."""
+    """Parse YAML text; raise SourceError with a 1-based line on malformed input."""
     try:
         try:
             return _load_fast(text)
@@ -87,9 +88,9 @@ def parse(text: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         problem = exc.problem or exc.context or "malformed YAML"
-        raise YamlError(f"malformed YAML: {problem}", line) from None
+        raise SourceError(f"malformed YAML: {problem}", line=line) from None
     except yaml.YAMLError as exc:
-        raise YamlError(f"malformed YAML: {exc}", None) from None
+        raise SourceError(f"malformed YAML: {exc}") from None
 
 
 def _load_fast(text: str) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 import onnx
 
-from onnxfuse.errors import OnnxfuseError
+from onnxfuse.errors import SourceError
 from onnxfuse.language.pattern import AttrRef
 from onnxfuse.language.rule import Rule
 from onnxfuse.ops import element_types, schemas
@@ -68,8 +68,8 @@ _NEGATIVE_KEYS = {
 _RANGE = re.compile(r"^\s*(.+?)\s*\.\.\s*(.+?)\s*$")
 
 
-class VerifyError(OnnxfuseError):
-    """A rule's verification domain is missing or malformed."""
+class VerifyError(SourceError):
+    """A rule's verification domain is missing or malformed; placed at the rule."""
 
 
 # -- draw specs --------------------------------------------------------------------
@@ -182,19 +182,19 @@ class Domain:
 def parse_domain(rule: Rule) -> Domain:
     """The rule's verification domain; VerifyError if it is missing or malformed."""
     raw = rule.verify
-    where = f"{rule.origin}: rule '{rule.name}'" if rule.origin else f"rule '{rule.name}'"
+    where = f"rule '{rule.name}'"
     if not raw:
-        raise VerifyError(f"{where}: no verification domain (a 'verify:' mapping)")
+        raise VerifyError(f"{where}: no verification domain (a 'verify:' mapping)", *rule.place)
     try:
         domain = _parse(rule, raw)
         _check_against_rule(rule, domain)
-    except (ExprError, _Invalid) as exc:
-        raise VerifyError(f"{where}: verify: {exc}") from None
+    except (ExprError, VerifyError) as exc:
+        raise VerifyError(f"{where}: verify: {exc}", *rule.place) from None
     return domain
 
 
-class _Invalid(Exception):
-    pass
+# What the parts of a domain raise: a VerifyError without a place (parse_domain adds it).
+_Invalid = VerifyError
 
 
 def _parse(rule: Rule, raw: dict[str, Any]) -> Domain:

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import onnx.defs
 
-from onnxfuse.errors import OnnxfuseError, one_line
-from onnxfuse.language.yaml_lines import LineList, LineMap, YamlError, load_yaml
+from onnxfuse.errors import OnnxfuseError, SourceError
+from onnxfuse.language.yaml_lines import LineList, LineMap, load_yaml
 from onnxfuse.ops import element_types, schemas
 from onnxfuse.support.heap import collector_paused
 from onnxfuse.support.load_cache import cached, file_key
@@ -58,12 +58,8 @@ LIMIT_KEYS = {
 }
 
 
-class TargetError(OnnxfuseError):
+class TargetError(SourceError):
     """A capability file is malformed: the message names the file and line."""
-
-    def __init__(self, message: str, path: Path | str, line: int | None = None):
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {one_line(message)}")
 
 
 @dataclass(frozen=True)
@@ -316,8 +312,8 @@ def load_target(name_or_path: str) -> Target:
 def _parse_target_text(text: str, path: Path) -> Target:
     try:
         data = load_yaml(text)
-    except YamlError as exc:
-        raise TargetError(str(exc), path, exc.line) from None
+    except SourceError as exc:
+        raise TargetError(exc.message, path, exc.line) from None
     return parse_target(data, path)
 
 
