@@ -212,7 +212,7 @@ def _meets_transpose(ref: Any, moved: Any, perm: Any) -> bool:
     value = _need(ref, "meets_transpose")
     shared = _need(moved, "meets_transpose")
     wanted = list(_bounded(perm))
-    uses = value.uses()
+    uses = list(value.uses())
     if value.is_graph_output() or len(uses) != 1:
         return False
     node, index = uses[0].node, uses[0].idx
@@ -226,6 +226,7 @@ def _meets_transpose(ref: Any, moved: Any, perm: Any) -> bool:
             or producer.domain not in ("", "ai.onnx")
         ):
             continue
+        assert other is not None  # it has a producer
         if _transpose_perm(producer) != wanted or other.is_graph_output():
             continue
         users = [use.node for use in other.uses()]

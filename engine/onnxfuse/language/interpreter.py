@@ -13,9 +13,9 @@ from __future__ import annotations
 import ast
 import operator
 from collections import ChainMap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 MAX_EXPRESSION_CHARS = 4000
 # The interpreter recurses over the tree: keep it far from Python's limit.
@@ -447,7 +447,8 @@ class _Compiler:
                         raise fail("comprehension takes too many steps")
                     local: dict[str, Any] = {}
                     assign(target, item, local)
-                    inner = ChainMap(local, scope)
+                    # ChainMap only reads the maps after the first.
+                    inner = ChainMap(local, cast(MutableMapping[str, Any], scope))
                     if all(condition(inner) for condition in conditions):
                         loop(index + 1, inner)
 

@@ -203,7 +203,7 @@ def build_rule(
     name: str,
     sources: list[Pattern],
     target: Pattern,
-    lines: dict[str, int] | None = None,
+    lines: dict[str, int | None] | None = None,
     **metadata: Any,
 ) -> Rule:
     """Check a rule's parts against each other and the op schemas."""
@@ -236,7 +236,7 @@ def build_rule(
     return rule
 
 
-def _check_signatures(rule: Rule, lines: dict[str, int]) -> None:
+def _check_signatures(rule: Rule, lines: dict[str, int | None]) -> None:
     first = rule.sources[0]
     for source in rule.sources[1:]:
         if set(source.input_names()) != set(first.input_names()):
@@ -388,7 +388,7 @@ def _check_ops(
 
 
 # A literal written as an int may stand for a float (``alpha = 1``), not the reverse.
-_LITERAL_FITS = {
+_LITERAL_FITS: dict[int, set[int]] = {
     onnx.AttributeProto.INT: {onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT},
     onnx.AttributeProto.INTS: {onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS},
 }

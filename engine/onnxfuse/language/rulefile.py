@@ -116,7 +116,7 @@ def _parse_one(entry: LineMap, line: int, pack: str, path: str, member: Member |
                 text,
                 role="source",
                 commutative=commutative,
-                first_line=text_line,
+                first_line=text_line or line,
                 op_types=op_types,
             )
             for text, text_line in _source_texts(entry)
@@ -126,7 +126,7 @@ def _parse_one(entry: LineMap, line: int, pack: str, path: str, member: Member |
             entry[key],
             role="target",
             commutative=commutative,
-            first_line=entry.line_of(key),
+            first_line=entry.line_of(key) or line,
             op_types=op_types,
         )
         return rule_from_entry(
@@ -215,7 +215,7 @@ def rule_from_entry(
     )
 
 
-def _source_texts(entry: LineMap) -> list[tuple[str, int]]:
+def _source_texts(entry: LineMap) -> list[tuple[str, int | None]]:
     if "source" in entry and "sources" in entry:
         raise RuleError("give either 'source' or 'sources', not both", line=entry.line)
     if "source" in entry:
@@ -262,7 +262,7 @@ def _compile_where(where: Any, known: set[str], line: int | None) -> list[Guard]
     return compile_guards(texts, known, line, [item_line for _, item_line in listed])
 
 
-def _parse_lets(entry: LineMap, bound: set[str], line: int) -> dict[str, Any]:
+def _parse_lets(entry: LineMap, bound: set[str], line: int | None) -> dict[str, Any]:
     raw = entry.get("let", {})
     if not isinstance(raw, dict):
         raise RuleError("'let' must map names to expressions", line=line)
@@ -276,7 +276,7 @@ def _parse_lets(entry: LineMap, bound: set[str], line: int) -> dict[str, Any]:
     return lets
 
 
-def _parse_opset(entry: LineMap, line: int) -> dict[str, tuple[int | None, int | None]]:
+def _parse_opset(entry: LineMap, line: int | None) -> dict[str, tuple[int | None, int | None]]:
     raw = entry.get("opset", {})
     if not isinstance(raw, dict):
         raise RuleError("'opset' must map a domain to [min, max] or a minimum", line=line)
@@ -298,7 +298,7 @@ def _parse_opset(entry: LineMap, line: int) -> dict[str, tuple[int | None, int |
     return result
 
 
-def _parse_imports(entry: LineMap, line: int) -> dict[str, int]:
+def _parse_imports(entry: LineMap, line: int | None) -> dict[str, int]:
     raw = entry.get("imports", {})
     if not isinstance(raw, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31 for v in raw.values()
@@ -321,7 +321,7 @@ def _integer(entry: LineMap, key: str, default: int) -> int:
     return value
 
 
-def _tolerance(entry: LineMap, line: int) -> float | None:
+def _tolerance(entry: LineMap, line: int | None) -> float | None:
     value = entry.get("tolerance")
     if value is None:
         return None

@@ -551,8 +551,8 @@ def _check_against_rule(rule: Rule, domain: Domain) -> None:
     for name in attribute_vars - set(domain.attributes):
         for source in rule.sources:
             for node in source.nodes:
-                for attr_name, spec in node.attributes.items():
-                    if not (isinstance(spec, AttrRef) and spec.var == name):
+                for attr_name, attribute in node.attributes.items():
+                    if not (isinstance(attribute, AttrRef) and attribute.var == name):
                         continue
                     schema = latest_schema(node.domain, node.op_type)
                     if (

@@ -91,8 +91,8 @@ class Limits:
             if rank is not None and rank - 2 not in self.spatial_dims:
                 return f"{rank - 2} spatial dims, not one of {list(self.spatial_dims)}"
         for index in self.input_constant:
-            value = node.inputs[index] if index < len(node.inputs) else None
-            if value is not None and not value.constant:
+            given = node.inputs[index] if index < len(node.inputs) else None
+            if given is not None and not given.constant:
                 return f"input {index} is not a constant"
         for name, allowed in self.attributes:
             known, value = node.attribute(name)
