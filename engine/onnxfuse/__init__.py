@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnxfuse.errors import ModelError, OnnxfuseError, RuleError
+from onnxfuse.errors import ModelError, OnnxfuseError, RuleError, SourceError
 from onnxfuse.support.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ __all__ = [
     "Report",
     "RuleError",
     "RuleStats",
+    "SourceError",
     "StopKind",
     "StopReason",
     "Target",

@@ -193,17 +193,13 @@ def parse_domain(rule: Rule) -> Domain:
     return domain
 
 
-# What the parts of a domain raise: a VerifyError without a place (parse_domain adds it).
-_Invalid = VerifyError
-
-
 def _parse(rule: Rule, raw: dict[str, Any]) -> Domain:
     for key in raw:
         if key not in _DOMAIN_KEYS:
-            raise _Invalid(f"unknown key '{key}' (expected one of: {', '.join(_DOMAIN_KEYS)})")
+            raise VerifyError(f"unknown key '{key}' (expected one of: {', '.join(_DOMAIN_KEYS)})")
     dtypes = _dtype_list(raw.get("dtypes"), "dtypes")
     if not dtypes:
-        raise _Invalid("'dtypes' must list at least one element type")
+        raise VerifyError("'dtypes' must list at least one element type")
     domain = Domain(rule=rule.name, opsets=_opsets(rule, raw.get("opsets")), dtypes=dtypes)
     domain.dims = {str(k): parse_spec(v, f"dims.{k}") for k, v in _mapping(raw, "dims").items()}
     domain.where = [parse_expr(text) for text in _string_list(raw.get("where"), "where")]
@@ -212,7 +208,7 @@ def _parse(rule: Rule, raw: dict[str, Any]) -> Domain:
     }
     for node, attrs in _mapping(raw, "node_attributes").items():
         if not isinstance(attrs, dict):
-            raise _Invalid(f"node_attributes.{node} must map attribute names to values")
+            raise VerifyError(f"node_attributes.{node} must map attribute names to values")
         domain.node_attributes[str(node)] = {
             str(k): parse_spec(v, f"node_attributes.{node}.{k}") for k, v in attrs.items()
         }
@@ -223,12 +219,12 @@ def _parse(rule: Rule, raw: dict[str, Any]) -> Domain:
     _tolerance(domain, raw.get("tolerance"))
     negatives = raw.get("negatives", [])
     if not isinstance(negatives, list):
-        raise _Invalid("'negatives' must be a list of mutations")
+        raise VerifyError("'negatives' must be a list of mutations")
     domain.negatives = [_negative(entry, i) for i, entry in enumerate(negatives)]
     domain.target_params = dict(_mapping(raw, "target_params"))
     target = raw.get("target")
     if target is not None and (not isinstance(target, str) or not target):
-        raise _Invalid("'target' must be a target name")
+        raise VerifyError("'target' must be a target name")
     domain.target = target
     return domain
 
@@ -243,11 +239,11 @@ def parse_spec(raw: Any, where: str) -> Spec:
         except ExprError as exc:
             match = _RANGE.match(raw)  # "lo..hi" is never a valid expression
             if match is None:
-                raise _Invalid(f"{where}: {exc}") from None
+                raise VerifyError(f"{where}: {exc}") from None
             return Range(_expr(match.group(1), where), _expr(match.group(2), where))
     if isinstance(raw, list):
         if not raw:
-            raise _Invalid(f"{where}: an empty list offers nothing to choose from")
+            raise VerifyError(f"{where}: an empty list offers nothing to choose from")
         return OneOf(tuple(parse_spec(item, where) for item in raw))
     if isinstance(raw, dict):
         keys = set(raw)
@@ -259,29 +255,29 @@ def parse_spec(raw: Any, where: str) -> Spec:
             return Subset(parse_spec(raw["subset"], where), parse_spec(raw["size"], where))
         if keys == {"broadcast"}:
             return Broadcast(parse_spec(raw["broadcast"], where))
-        raise _Invalid(
+        raise VerifyError(
             f"{where}: a mapping must be {{rank, each}}, {{permutation}}, {{subset, size}} "
             f"or {{broadcast}}, not {{{', '.join(map(str, raw))}}}"
         )
-    raise _Invalid(f"{where}: unexpected {type(raw).__name__} {raw!r}")
+    raise VerifyError(f"{where}: unexpected {type(raw).__name__} {raw!r}")
 
 
 def _expr(text: str, where: str) -> Expr:
     try:
         return parse_expr(str(text))
     except ExprError as exc:
-        raise _Invalid(f"{where}: {exc}") from None
+        raise VerifyError(f"{where}: {exc}") from None
 
 
 def parse_shape(raw: Any, where: str) -> ShapeSpec:
     if isinstance(raw, str):
         return _expr(raw, where)
     if not isinstance(raw, list):
-        raise _Invalid(f"{where}: a shape is a list of dimensions or an expression")
+        raise VerifyError(f"{where}: a shape is a list of dimensions or an expression")
     entries: list[int | Expr] = []
     for item in raw:
         if isinstance(item, bool) or not isinstance(item, (int, str)):
-            raise _Invalid(f"{where}: shape entry {item!r} must be an integer or an expression")
+            raise VerifyError(f"{where}: shape entry {item!r} must be an integer or an expression")
         entries.append(item if isinstance(item, int) else _expr(item, where))
     return tuple(entries)
 
@@ -291,20 +287,22 @@ def _var_spec(name: str, raw: Any) -> VarSpec:
     if isinstance(raw, (list, str)):
         return VarSpec(name, shapes=[parse_shape(raw, where)])
     if not isinstance(raw, dict):
-        raise _Invalid(f"{where}: expected a shape or a mapping of {', '.join(sorted(_VAR_KEYS))}")
+        raise VerifyError(
+            f"{where}: expected a shape or a mapping of {', '.join(sorted(_VAR_KEYS))}"
+        )
     for key in raw:
         if key not in _VAR_KEYS:
-            raise _Invalid(
+            raise VerifyError(
                 f"{where}: unknown key '{key}' (expected: {', '.join(sorted(_VAR_KEYS))})"
             )
     spec = VarSpec(name)
     if "shape" in raw and "shapes" in raw:
-        raise _Invalid(f"{where}: give 'shape' or 'shapes', not both")
+        raise VerifyError(f"{where}: give 'shape' or 'shapes', not both")
     if "shape" in raw:
         spec.shapes = [parse_shape(raw["shape"], f"{where}.shape")]
     if "shapes" in raw:
         if not isinstance(raw["shapes"], list) or not raw["shapes"]:
-            raise _Invalid(f"{where}.shapes: a non-empty list of shapes")
+            raise VerifyError(f"{where}.shapes: a non-empty list of shapes")
         spec.shapes = [parse_shape(s, f"{where}.shapes") for s in raw["shapes"]]
     if "dtype" in raw:
         spec.dtypes = _dtype_list(raw["dtype"], f"{where}.dtype")
@@ -319,32 +317,32 @@ def _var_spec(name: str, raw: Any) -> VarSpec:
             or not all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
             or bounds[0] > bounds[1]
         ):
-            raise _Invalid(f"{where}.range: expected [low, high] numbers")
+            raise VerifyError(f"{where}.range: expected [low, high] numbers")
         spec.range = (float(bounds[0]), float(bounds[1]))
     if spec.shapes is None and spec.value is None:
-        raise _Invalid(f"{where}: give a 'shape' (or 'shapes', or a 'value')")
+        raise VerifyError(f"{where}: give a 'shape' (or 'shapes', or a 'value')")
     return spec
 
 
 def _negative(raw: Any, index: int) -> Negative:
     where = f"negatives[{index}]"
     if not isinstance(raw, dict):
-        raise _Invalid(f"{where}: expected a mapping")
+        raise VerifyError(f"{where}: expected a mapping")
     for key in raw:
         if key not in _NEGATIVE_KEYS:
-            raise _Invalid(
+            raise VerifyError(
                 f"{where}: unknown key '{key}' (expected: {', '.join(sorted(_NEGATIVE_KEYS))})"
             )
     negative = Negative(description="", reason=str(raw.get("reason", "")))
     targets = [k for k in ("input", "attribute") if k in raw]
     if len(targets) > 1:
-        raise _Invalid(f"{where}: name one 'input' or one 'attribute'")
+        raise VerifyError(f"{where}: name one 'input' or one 'attribute'")
     if "input" in raw:
         negative.input = str(raw["input"])
     if "attribute" in raw:
         negative.attribute = str(raw["attribute"])
         if "value" not in raw:
-            raise _Invalid(f"{where}: an attribute mutation needs a 'value'")
+            raise VerifyError(f"{where}: an attribute mutation needs a 'value'")
     if "dtype" in raw:
         negative.dtype = _dtype_list(raw["dtype"], f"{where}.dtype")[0]
     if "value" in raw:
@@ -359,9 +357,9 @@ def _negative(raw: Any, index: int) -> Negative:
         negative.when = _expr(raw["when"], f"{where}.when")
     changes = [k for k in ("dtype", "value", "constant", "present", "shape") if k in raw]
     if not changes:
-        raise _Invalid(f"{where}: change something (dtype, value, constant, present or shape)")
+        raise VerifyError(f"{where}: change something (dtype, value, constant, present or shape)")
     if negative.input is None and negative.attribute is None and changes != ["dtype"]:
-        raise _Invalid(f"{where}: without 'input' or 'attribute' only 'dtype' can change")
+        raise VerifyError(f"{where}: without 'input' or 'attribute' only 'dtype' can change")
     subject = negative.input or negative.attribute or "instance"
     negative.description = f"{subject}: " + ", ".join(f"{k}={raw[k]!r}" for k in changes)
     return negative
@@ -378,13 +376,13 @@ def _opsets(rule: Rule, raw: Any) -> list[int]:
         return [default]
     values = raw if isinstance(raw, list) else [raw]
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise _Invalid("'opsets' must be an opset or a list of them")
+        raise VerifyError("'opsets' must be an opset or a list of them")
     newest = onnx.defs.onnx_opset_version()
     for value in values:
         if (low is not None and value < low) or (high is not None and value > high):
-            raise _Invalid(f"opset {value} is outside the rule's opset range [{low}, {high}]")
+            raise VerifyError(f"opset {value} is outside the rule's opset range [{low}, {high}]")
         if not 1 <= value <= newest:
-            raise _Invalid(f"opset {value} is not one onnx knows (1 to {newest})")
+            raise VerifyError(f"opset {value} is not one onnx knows (1 to {newest})")
     return list(values)
 
 
@@ -395,18 +393,18 @@ def _dtype_list(raw: Any, where: str) -> list[str]:
         if value in DTYPES:
             result.append(str(value))
         elif element_types.is_name(value):
-            raise _Invalid(
+            raise VerifyError(
                 f"{where}: instances are not drawn in {value} (element types: {', '.join(DTYPES)})"
             )
         else:
-            raise _Invalid(f"{where}: {element_types.unknown(value)}")
+            raise VerifyError(f"{where}: {element_types.unknown(value)}")
     return result
 
 
 def _mapping(raw: dict[str, Any], key: str) -> dict[str, Any]:
     value = raw.get(key, {}) or {}
     if not isinstance(value, dict):
-        raise _Invalid(f"'{key}' must be a mapping")
+        raise VerifyError(f"'{key}' must be a mapping")
     return value
 
 
@@ -415,7 +413,7 @@ def _string_list(raw: Any, key: str) -> list[str]:
         return []
     values = [raw] if isinstance(raw, str) else raw
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise _Invalid(f"'{key}' must be a string or a list of strings")
+        raise VerifyError(f"'{key}' must be a string or a list of strings")
     return list(values)
 
 
@@ -427,7 +425,7 @@ def _kinds(raw: Any, key: str) -> frozenset[str]:
     values = raw if isinstance(raw, list) else [raw]
     for value in values:
         if value not in SPECIAL_KINDS:
-            raise _Invalid(
+            raise VerifyError(
                 f"special_values.{key}: unknown kind {value!r} "
                 f"(known: {', '.join(SPECIAL_KINDS)}, or all / none)"
             )
@@ -441,14 +439,16 @@ def _special_values(domain: Domain, raw: Any) -> None:
     elif isinstance(raw, dict):
         for key in raw:
             if key not in ("inputs", "constants", "reason"):
-                raise _Invalid(f"special_values: unknown key '{key}' (inputs, constants, reason)")
+                raise VerifyError(
+                    f"special_values: unknown key '{key}' (inputs, constants, reason)"
+                )
         inputs = _kinds(raw.get("inputs", "all"), "inputs")
         constants = _kinds(raw.get("constants", "all"), "constants")
         reason = str(raw.get("reason", "")).strip()
     else:
-        raise _Invalid("special_values: true, false, or {inputs, constants, reason}")
+        raise VerifyError("special_values: true, false, or {inputs, constants, reason}")
     if (inputs != frozenset(SPECIAL_KINDS) or constants != frozenset(SPECIAL_KINDS)) and not reason:
-        raise _Invalid(
+        raise VerifyError(
             "special_values: excluding special values needs a reason "
             "(special_values: {inputs: ..., constants: ..., reason: ...})"
         )
@@ -463,10 +463,10 @@ def _tolerance(domain: Domain, raw: Any) -> None:
     if raw is None:
         return
     if not isinstance(raw, dict):
-        raise _Invalid("tolerance: {rtol, atol, reason} or {<dtype>: {rtol, atol}, reason}")
+        raise VerifyError("tolerance: {rtol, atol, reason} or {<dtype>: {rtol, atol}, reason}")
     reason = str(raw.get("reason", "")).strip()
     if not reason:
-        raise _Invalid("tolerance: a tolerance override needs a 'reason'")
+        raise VerifyError("tolerance: a tolerance override needs a 'reason'")
     domain.tolerance_reason = reason
     overall = {k: raw[k] for k in ("rtol", "atol") if k in raw}
     for key, value in raw.items():
@@ -474,13 +474,13 @@ def _tolerance(domain: Domain, raw: Any) -> None:
             continue
         if key not in DEFAULT_TOLERANCES:
             if not element_types.is_name(key) and element_types.suggest(key) is not None:
-                raise _Invalid(f"tolerance: {element_types.unknown(key)}")
-            raise _Invalid(
+                raise VerifyError(f"tolerance: {element_types.unknown(key)}")
+            raise VerifyError(
                 f"tolerance: unknown key '{key}' (rtol, atol, reason, or a float type: "
                 f"{', '.join(DEFAULT_TOLERANCES)})"
             )
         if not isinstance(value, dict) or not set(value) <= {"rtol", "atol"}:
-            raise _Invalid(f"tolerance.{key}: expected {{rtol, atol}}")
+            raise VerifyError(f"tolerance.{key}: expected {{rtol, atol}}")
         domain.tolerances[key] = _pair(key, value)
     if overall:
         for dtype in DEFAULT_TOLERANCES:
@@ -493,9 +493,9 @@ def _pair(dtype: str, raw: dict[str, Any]) -> tuple[float, float]:
         rtol = float(raw.get("rtol", rtol))
         atol = float(raw.get("atol", atol))
     except (TypeError, ValueError):
-        raise _Invalid(f"tolerance.{dtype}: rtol and atol must be numbers") from None
+        raise VerifyError(f"tolerance.{dtype}: rtol and atol must be numbers") from None
     if not (0 <= rtol < 1 and atol >= 0):
-        raise _Invalid(f"tolerance.{dtype}: need 0 <= rtol < 1 and atol >= 0")
+        raise VerifyError(f"tolerance.{dtype}: need 0 <= rtol < 1 and atol >= 0")
     return rtol, atol
 
 
@@ -519,9 +519,11 @@ def _check_against_rule(rule: Rule, domain: Domain) -> None:
     ):
         for name in names:
             if name in reserved:
-                raise _Invalid(f"'{name}' is reserved (opset, dt and alternative are drawn first)")
+                raise VerifyError(
+                    f"'{name}' is reserved (opset, dt and alternative are drawn first)"
+                )
             if name in seen:
-                raise _Invalid(f"'{name}' is both {seen[name]} and {kind}: rename one")
+                raise VerifyError(f"'{name}' is both {seen[name]} and {kind}: rename one")
             seen[name] = kind
     constants = {
         name
@@ -531,20 +533,20 @@ def _check_against_rule(rule: Rule, domain: Domain) -> None:
     }
     for name in domain.inputs:
         if name not in variables and name not in constants:
-            raise _Invalid(
+            raise VerifyError(
                 f"inputs.{name}: not a variable of the source "
                 f"(variables: {', '.join(sorted(variables))})"
             )
     for name in sorted(variables):
         if name not in domain.inputs and name not in rule.optional:
-            raise _Invalid(f"inputs: no shape for variable '{name}'")
+            raise VerifyError(f"inputs: no shape for variable '{name}'")
     for name, spec in domain.inputs.items():
         if spec.present is not None and name not in rule.optional:
-            raise _Invalid(f"inputs.{name}.present: '{name}' is not an optional variable")
+            raise VerifyError(f"inputs.{name}.present: '{name}' is not an optional variable")
     attribute_vars = set(rule.sources[0].attribute_vars)
     for name in domain.attributes:
         if name not in attribute_vars:
-            raise _Invalid(
+            raise VerifyError(
                 f"attributes.{name}: not an attribute variable of the source "
                 f"(attribute variables: {', '.join(sorted(attribute_vars)) or 'none'})"
             )
@@ -560,13 +562,13 @@ def _check_against_rule(rule: Rule, domain: Domain) -> None:
                         and attr_name in schema.attributes
                         and schema.attributes[attr_name].required
                     ):
-                        raise _Invalid(
+                        raise VerifyError(
                             f"attributes: '{name}' binds the required attribute "
                             f"{node.op_type}.{attr_name}: give it values"
                         )
     for value_name, attrs in domain.node_attributes.items():
         if value_name not in rule.copy_attributes:
-            raise _Invalid(
+            raise VerifyError(
                 f"node_attributes.{value_name}: only nodes named in copy_attributes accept "
                 "attributes the pattern does not name"
             )
@@ -581,11 +583,11 @@ def _check_against_rule(rule: Rule, domain: Domain) -> None:
                 if schema is not None and attr_name not in schema.attributes:
                     missing.append(producer.op_type)
             if len(missing) == len(rule.sources):
-                raise _Invalid(
+                raise VerifyError(
                     f"node_attributes.{value_name}: {missing[0]} has no attribute '{attr_name}'"
                 )
     for negative in domain.negatives:
         if negative.input is not None and negative.input not in variables | constants:
-            raise _Invalid(f"negatives: '{negative.input}' is not a variable of the source")
+            raise VerifyError(f"negatives: '{negative.input}' is not a variable of the source")
         if negative.attribute is not None and negative.attribute not in attribute_vars:
-            raise _Invalid(f"negatives: '{negative.attribute}' is not an attribute variable")
+            raise VerifyError(f"negatives: '{negative.attribute}' is not an attribute variable")
