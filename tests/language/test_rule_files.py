@@ -120,7 +120,7 @@ def test_replacement_is_the_key_and_target_its_older_name():
     assert "target:" in text
     old = rules_from_text(text)[0]
     new = rules_from_text(text.replace("target:", "replacement:"))[0]
-    assert [n.op_type for n in new.target.nodes] == [n.op_type for n in old.target.nodes]
+    assert [n.op_type for n in new.replacement.nodes] == [n.op_type for n in old.replacement.nodes]
 
 
 def test_a_rule_with_both_replacement_and_target_is_refused_with_its_line():

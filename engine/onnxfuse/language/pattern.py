@@ -188,7 +188,7 @@ def compile_function(
 ) -> Pattern:
     """Compile a FunctionProto into a Pattern.
 
-    ``role`` is "source" or "target": in a source, Constant nodes become value
+    ``role`` is "source" or "replacement": in a source, Constant nodes become value
     constraints; in a target they stay nodes that create constants.
     ``node_lines`` gives each node's line in the pattern text, for errors.
     """

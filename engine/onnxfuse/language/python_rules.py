@@ -28,7 +28,7 @@ def _function_proto(function: Any) -> onnx.FunctionProto:
 def rule_from_functions(
     name: str,
     source: Any | list[Any],
-    target: Any,
+    replacement: Any,
     *,
     pack: str = "python",
     **keys: Any,
@@ -48,9 +48,11 @@ def rule_from_functions(
             compile_function(_function_proto(s), role="source", commutative=commutative)
             for s in sources
         ]
-        compiled_target = compile_function(
-            _function_proto(target), role="target", commutative=commutative
+        compiled_replacement = compile_function(
+            _function_proto(replacement), role="replacement", commutative=commutative
         )
-        return rule_from_entry(entry, compiled, compiled_target, pack=pack, origin=f"python:{name}")
+        return rule_from_entry(
+            entry, compiled, compiled_replacement, pack=pack, origin=f"python:{name}"
+        )
     except RuleError as exc:
         raise exc.located(f"python:{name}") from None

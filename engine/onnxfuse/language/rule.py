@@ -1,4 +1,4 @@
-"""Rules: source patterns, a target pattern, guards and metadata."""
+"""Rules: source patterns, a replacement pattern, guards and metadata."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ PHASES = ("fusion", "layout")
 class Rule:
     name: str
     sources: list[Pattern]
-    target: Pattern
+    replacement: Pattern
     description: str = ""
     benefit: int = 1
     references: list[str] = field(default_factory=list)
@@ -77,7 +77,7 @@ class Rule:
         return {source.anchor.key for source in self.sources}
 
     def created_ops(self) -> set[tuple[str, str]]:
-        return {node.key for node in self.target.nodes}
+        return {node.key for node in self.replacement.nodes}
 
     def refused_by(self, params: dict[str, object]) -> str | None:
         """The first guard that reads only the target's parameters and is false for
@@ -202,7 +202,7 @@ def build_rule(
     *,
     name: str,
     sources: list[Pattern],
-    target: Pattern,
+    replacement: Pattern,
     lines: dict[str, int | None] | None = None,
     **metadata: Any,
 ) -> Rule:
@@ -214,7 +214,7 @@ def build_rule(
             f"rule name {written!r} must start with a letter and use letters, digits, _ . -",
             line=lines.get("name"),
         )
-    rule = Rule(name=name, sources=sources, target=target, **metadata)
+    rule = Rule(name=name, sources=sources, replacement=replacement, **metadata)
     _check_signatures(rule, lines)
     opset = rule.opset.get("", (None, None))
     copied = frozenset(rule.copy_attributes)
@@ -223,8 +223,8 @@ def build_rule(
             source, "source", lines.get("source"), opset, strict_attributes=True, copied=copied
         )
     _check_ops(
-        rule.target,
-        "target",
+        rule.replacement,
+        "replacement",
         lines.get("target"),
         opset,
         strict_attributes=True,
@@ -254,16 +254,17 @@ def _check_signatures(rule: Rule, lines: dict[str, int | None]) -> None:
             raise RuleError(
                 "all alternative sources must bind the same attributes", line=lines.get("source")
             )
-    if len(rule.target.outputs) != len(first.outputs):
+    if len(rule.replacement.outputs) != len(first.outputs):
         raise RuleError(
-            f"target has {len(rule.target.outputs)} output(s), source has {len(first.outputs)}",
+            f"replacement has {len(rule.replacement.outputs)} output(s), "
+            f"source has {len(first.outputs)}",
             line=lines.get("target"),
         )
     source_vars = set(first.input_names())
-    for name in rule.target.input_names():
+    for name in rule.replacement.input_names():
         if name not in source_vars:
             raise RuleError(
-                f"target input '{name}' is not a variable of the source",
+                f"replacement input '{name}' is not a variable of the source",
                 line=lines.get("target"),
             )
     for name in rule.optional:
@@ -273,11 +274,11 @@ def _check_signatures(rule: Rule, lines: dict[str, int | None]) -> None:
                 line=lines.get("optional"),
             )
     attribute_names = set(first.attribute_vars) | set(rule.lets)
-    for node in rule.target.nodes:
+    for node in rule.replacement.nodes:
         for attr in node.attributes.values():
             if isinstance(attr, AttrRef) and attr.var not in attribute_names:
                 raise RuleError(
-                    f"target {node.op_type} refers to @{attr.var}, which is neither a "
+                    f"replacement {node.op_type} refers to @{attr.var}, which is neither a "
                     "source attribute nor a 'let' name",
                     line=lines.get("target"),
                 )
@@ -289,10 +290,10 @@ def _check_signatures(rule: Rule, lines: dict[str, int | None]) -> None:
                     f"copy_attributes: '{source_value}' is not a node output of every source",
                     line=lines.get("copy_attributes"),
                 )
-        found = rule.target.values.get(target_value)
+        found = rule.replacement.values.get(target_value)
         if found is None or found.kind != "node":
             raise RuleError(
-                f"copy_attributes: '{target_value}' is not a node output of the target",
+                f"copy_attributes: '{target_value}' is not a node output of the replacement",
                 line=lines.get("copy_attributes"),
             )
     _check_keep(rule, lines.get("keep"))

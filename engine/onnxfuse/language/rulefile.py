@@ -31,13 +31,13 @@ RULE_KEYS = {
     "replacement": "the pattern that replaces a match, ONNX text syntax",
     "target": "the replacement's older name, still accepted",
     "where": "guard expressions that must all hold",
-    "let": "names computed from bindings, usable as @name in the target",
+    "let": "names computed from bindings, usable as @name in the replacement",
     "optional": "source variables that may be absent inputs",
     "commutative": "extra ops whose inputs match in any order",
-    "copy_attributes": "source value -> target value: copy all attributes of its node",
+    "copy_attributes": "source value -> replacement value: copy all attributes of its node",
     "keep": "intermediates that may have uses outside the match; their nodes stay for them",
     "opset": "model opset range per domain where the rule applies",
-    "imports": "opset version to import for domains the target adds",
+    "imports": "opset version to import for domains the replacement adds",
     "tolerance": "relative tolerance for matching constants",
     "verify": "the verification domain for the rule's property tests",
     "ops": "op-type variables: a name used as an op type, one rule per op of its list",
@@ -122,15 +122,15 @@ def _parse_one(entry: LineMap, line: int, pack: str, path: str, member: Member |
             for text, text_line in _source_texts(entry)
         ]
         key = _replacement_key(entry, line)
-        target = parse_pattern_text(
+        replacement = parse_pattern_text(
             entry[key],
-            role="target",
+            role="replacement",
             commutative=commutative,
             first_line=entry.line_of(key) or line,
             op_types=op_types,
         )
         return rule_from_entry(
-            entry, sources, target, pack=pack, origin=f"{path}:{line}", member=member
+            entry, sources, replacement, pack=pack, origin=f"{path}:{line}", member=member
         )
     except RuleError as exc:
         if member is None:
@@ -151,7 +151,7 @@ def check_keys(entry: LineMap) -> None:
 def rule_from_entry(
     entry: LineMap,
     sources: list[Pattern],
-    target: Pattern,
+    replacement: Pattern,
     *,
     pack: str,
     origin: str,
@@ -195,7 +195,7 @@ def rule_from_entry(
     return build_rule(
         name=name,
         sources=sources,
-        target=target,
+        replacement=replacement,
         lines=lines,
         description=_string(entry, "description", ""),
         benefit=_integer(entry, "benefit", 1),

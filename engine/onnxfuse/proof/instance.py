@@ -219,7 +219,7 @@ class _Builder:
 
         nodes: list[NodeSpec] = []
         passthrough = {
-            v.name for v in rule.target.outputs if v.kind == "input" and v.name in tensors
+            v.name for v in rule.replacement.outputs if v.kind == "input" and v.name in tensors
         }
         for name in sorted(passthrough):
             tensor = tensors[name]

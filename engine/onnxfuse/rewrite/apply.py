@@ -22,7 +22,7 @@ class Blocked(Exception):
 
 
 def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[ir.Node]:
-    """Rewrite the matched nodes into the rule's target; return the new nodes, their
+    """Rewrite the matched nodes into the rule's replacement; return the new nodes, their
     outputs typed only where they replace typed values (``type_created`` does the rest,
     once constant computations are folded)."""
     anchor = match.nodes[0]
@@ -31,8 +31,8 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
             anchor = node
     graph = anchor.graph
     assert graph is not None
-    target = match.rule.target
-    env: dict[str, ir.Value | None] = {n: match.values.get(n) for n in target.input_names()}
+    replacement = match.rule.replacement
+    env: dict[str, ir.Value | None] = {n: match.values.get(n) for n in replacement.input_names()}
     _check_outputs(match, env)
 
     created: list[ir.Node] = []
@@ -60,7 +60,7 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
         created.append(node)
     graph.insert_before(anchor, created)
 
-    for old, pvalue in zip(match.outputs, target.outputs):
+    for old, pvalue in zip(match.outputs, replacement.outputs):
         new = env[pvalue.name]
         assert new is not None
         _keep_type(old, new)
@@ -119,8 +119,8 @@ def _remove_match(match: Match, graph: ir.Graph) -> None:
 def _check_absent_inputs(
     match: Match, env: dict[str, ir.Value | None], context: ModelContext
 ) -> None:
-    """An absent optional variable may only feed inputs the target op lets be absent."""
-    for pnode in match.rule.target.nodes:
+    """An absent optional variable may only feed inputs the replacement's op lets be absent."""
+    for pnode in match.rule.replacement.nodes:
         for index, pvalue in enumerate(pnode.inputs):
             if pvalue is None or pvalue.kind != "input" or env.get(pvalue.name) is not None:
                 continue
@@ -134,10 +134,10 @@ def _check_absent_inputs(
 def _check_outputs(match: Match, env: dict[str, ir.Value | None]) -> None:
     """Check that outputs can be rewired; outputs passed straight through need care."""
     seen: set[int] = set()
-    for old, pvalue in zip(match.outputs, match.rule.target.outputs):
+    for old, pvalue in zip(match.outputs, match.rule.replacement.outputs):
         existing = env.get(pvalue.name) if pvalue.kind == "input" else None
         if pvalue.kind == "input" and existing is None:
-            raise Blocked(f"target output '{pvalue.name}' is an absent optional input")
+            raise Blocked(f"replacement output '{pvalue.name}' is an absent optional input")
         if existing is not None:
             if id(existing) in seen:
                 raise Blocked("two outputs would become the same value")

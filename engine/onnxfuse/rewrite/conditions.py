@@ -116,7 +116,7 @@ class Conditions:
             return (
                 tuple(
                     value_facts(values[name], version) if name in values else "unbound"
-                    for name in self.rule.target.input_names()
+                    for name in self.rule.replacement.input_names()
                 ),
                 tuple(value_facts(value, version) for value in outputs),
                 _frozen(attrs),

@@ -89,9 +89,9 @@ class Driver:
                 self.by_anchor.setdefault(key, []).append(rule)
         self.max_rewrites = limits.max_rewrites or max(1_000, 5 * report.nodes_before)
         self.signatures: set[tuple[object, ...]] = set()
-        # Deep enough to see a whole source or target pattern below its inputs.
+        # Deep enough to see a whole source or replacement pattern below its inputs.
         self.region_depth = 1 + max(
-            (len(p.nodes) for r in rules for p in (*r.sources, r.target)), default=1
+            (len(p.nodes) for r in rules for p in (*r.sources, r.replacement)), default=1
         )
         self.states: dict[int, int] = {}  # structural hash -> position in history
         self.history: list[str] = []

@@ -90,17 +90,17 @@ def plan_replacement(
     """The plan of a firing of ``rule``. Without the match's ``values`` (and its
     ``outputs``, ``attrs`` and ``copied`` attributes) only ops and opsets are known."""
     env: dict[str, ValueFacts | None] = {}
-    for name in rule.target.input_names():
+    for name in rule.replacement.input_names():
         if values is not None and name in values:
             env[name] = value_facts(values[name], ir_version)
         else:
             env[name] = ValueFacts(constant=name in constants)
     replaced = {
         pvalue.name: value_facts(old, ir_version)
-        for pvalue, old in zip(rule.target.outputs, outputs or [])
+        for pvalue, old in zip(rule.replacement.outputs, outputs or [])
     }
     planned: list[PlannedNode] = []
-    for pnode in rule.target.nodes:
+    for pnode in rule.replacement.nodes:
         inputs = [None if pv is None else env.get(pv.name) for pv in pnode.inputs]
         value_inputs = inputs[:1] if pnode.op_type == "CastLike" else inputs
         folds = pnode.domain == "" and all(v is None or v.constant for v in value_inputs)
