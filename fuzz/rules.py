@@ -192,6 +192,7 @@ _KEYS = [
     "references",
     "source",
     "sources",
+    "replacement",
     "target",
     "where",
     "let",
@@ -454,12 +455,14 @@ class Mutator:
             rule[key] = rng.choice(_BAD_VALUES)
         elif op == 3:
             rules.append(rules[index])  # the same name twice
-        elif op == 4 and isinstance(rule, dict) and "source" in rule and "target" in rule:
-            rule["source"], rule["target"] = rule["target"], rule["source"]
+        elif op == 4 and isinstance(rule, dict) and "source" in rule and _second(rule):
+            key = _second(rule)
+            rule["source"], rule[key] = rule[key], rule["source"]
         elif op == 5 and isinstance(rule, dict):
             rule[rng.choice(_KEYS)] = rng.choice(_BAD_VALUES)
         elif op == 6 and isinstance(rule, dict) and "source" in rule:
-            rule["sources"] = [rule.pop("source"), rng.choice([*_BAD_VALUES, rule.get("target")])]
+            second = rule.get(_second(rule) or "replacement")
+            rule["sources"] = [rule.pop("source"), rng.choice([*_BAD_VALUES, second])]
         else:
             rules[index] = _mutate_value(rng, rule)
         return _dump(data)
@@ -468,7 +471,7 @@ class Mutator:
 
     def _pattern(self, text: str) -> str | None:
         data = _safe_load(text)
-        slots = _string_slots(data, ("source", "sources", "target"))
+        slots = _string_slots(data, ("source", "sources", "replacement", "target"))
         if not slots:
             return None
         container, key = self.rng.choice(slots)
@@ -1027,3 +1030,8 @@ def replay_entry(
         if own:
             worker.stop()
     return f"{signature(result)}: {result.get('message', '')}" if failed(result) else None
+
+
+def _second(rule: dict) -> str | None:
+    """The key a rule's replacement is written under (``target`` is its older name)."""
+    return next((key for key in ("replacement", "target") if key in rule), None)
