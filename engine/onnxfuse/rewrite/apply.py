@@ -42,7 +42,7 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
         pnode = planned.pattern
         inputs = [None if pv is None else env[pv.name] for pv in pnode.inputs]
         attributes = [
-            _make_attribute(pnode.op_type, planned.facts.opset, pnode.domain, attribute)
+            _make_attribute(pnode.op_type, planned.opset, pnode.domain, attribute)
             for attribute in planned.attributes
         ]
         node = ir.Node(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,24 +62,81 @@ class PlannedAttribute:
 @dataclass
 class PlannedNode:
     pattern: PatternNode
-    facts: NodeFacts
+    opset: int  # the opset it will run at: the model's, or the rule's import of a new domain
     attributes: list[PlannedAttribute]
-    folds: bool  # computes on constants only: folded away, it needs no kernel
 
 
 @dataclass
 class ReplacementPlan:
+    """The nodes a firing creates; the facts of their values are worked out when gating
+    first asks for them (``kernels``), since applying a match needs only the nodes."""
+
     rule: Rule
     nodes: list[PlannedNode]
+    values: dict[str, ir.Value | None] | None = None
+    outputs: list[ir.Value] = field(default_factory=list)
+    constants: set[str] | None = None  # None: the constants among ``values``
+    ir_version: int = 10
+    _facts: list[tuple[NodeFacts, bool]] | None = field(default=None, repr=False)
 
     def kernels(self) -> Iterator[NodeFacts]:
-        """The facts of each created node that will need a kernel."""
-        return (node.facts for node in self.nodes if not node.folds)
+        """The facts of each created node that will need a kernel (a node computing on
+        constants only folds away)."""
+        if self._facts is None:
+            self._facts = self._work_out_facts()
+        return (facts for facts, folds in self._facts if not folds)
+
+    def _work_out_facts(self) -> list[tuple[NodeFacts, bool]]:
+        values, version = self.values, self.ir_version
+        constants = self.constants
+        if constants is None:
+            constants = {
+                name
+                for name, value in (values or {}).items()
+                if constant_tensor(value, version) is not None
+            }
+        replacement = self.rule.replacement
+        env: dict[str, ValueFacts | None] = {}
+        for name in replacement.input_names():
+            if values is not None and name in values:
+                env[name] = value_facts(values[name], version)
+            else:
+                env[name] = ValueFacts(constant=name in constants)
+        replaced = {
+            pvalue.name: value_facts(old, version)
+            for pvalue, old in zip(replacement.outputs, self.outputs)
+        }
+        found: list[tuple[NodeFacts, bool]] = []
+        for planned in self.nodes:
+            pnode = planned.pattern
+            inputs = [None if pv is None else env.get(pv.name) for pv in pnode.inputs]
+            value_inputs = inputs[:1] if pnode.op_type == "CastLike" else inputs
+            folds = pnode.domain == "" and all(v is None or v.constant for v in value_inputs)
+            plain = {
+                a.name: a.copied.value if a.copied is not None else a.value
+                for a in planned.attributes
+            }
+            schema = standard_schema(pnode.domain, pnode.op_type, planned.opset)
+            facts = NodeFacts(pnode.domain, pnode.op_type, planned.opset, inputs, [], plain)
+            for pvalue, dtype in zip(pnode.outputs, _output_dtypes(pnode, facts, schema)):
+                if pvalue is None:
+                    facts.outputs.append(None)
+                    continue
+                known = replaced.get(pvalue.name)
+                output = ValueFacts(
+                    dtype=(known.dtype if known is not None else None) or dtype,
+                    rank=known.rank if known is not None else None,
+                    constant=folds,
+                )
+                env[pvalue.name] = output
+                facts.outputs.append(output)
+            found.append((facts, folds))
+        return found
 
 
 def plan_replacement(
     rule: Rule,
-    constants: set[str],
+    constants: set[str] | None,
     opsets: dict[str, int],
     values: dict[str, ir.Value | None] | None = None,
     outputs: list[ir.Value] | None = None,
@@ -88,54 +145,24 @@ def plan_replacement(
     ir_version: int = 10,
 ) -> ReplacementPlan:
     """The plan of a firing of ``rule``. Without the match's ``values`` (and its
-    ``outputs``, ``attrs`` and ``copied`` attributes) only ops and opsets are known."""
-    env: dict[str, ValueFacts | None] = {}
-    for name in rule.replacement.input_names():
-        if values is not None and name in values:
-            env[name] = value_facts(values[name], ir_version)
-        else:
-            env[name] = ValueFacts(constant=name in constants)
-    replaced = {
-        pvalue.name: value_facts(old, ir_version)
-        for pvalue, old in zip(rule.replacement.outputs, outputs or [])
-    }
-    planned: list[PlannedNode] = []
-    for pnode in rule.replacement.nodes:
-        inputs = [None if pv is None else env.get(pv.name) for pv in pnode.inputs]
-        value_inputs = inputs[:1] if pnode.op_type == "CastLike" else inputs
-        folds = pnode.domain == "" and all(v is None or v.constant for v in value_inputs)
-        opset = opsets.get(pnode.domain, rule.imports.get(pnode.domain, 1))
-        attributes = _attributes(pnode, attrs or {}, copied or {})
-        plain = {a.name: a.copied.value if a.copied is not None else a.value for a in attributes}
-        schema = standard_schema(pnode.domain, pnode.op_type, opset)
-        facts = NodeFacts(pnode.domain, pnode.op_type, opset, inputs, [], plain)
-        dtypes = _output_dtypes(pnode, facts, schema)
-        for pvalue, dtype in zip(pnode.outputs, dtypes):
-            if pvalue is None:
-                facts.outputs.append(None)
-                continue
-            known = replaced.get(pvalue.name)
-            output = ValueFacts(
-                dtype=(known.dtype if known is not None else None) or dtype,
-                rank=known.rank if known is not None else None,
-                constant=folds,
-            )
-            env[pvalue.name] = output
-            facts.outputs.append(output)
-        planned.append(PlannedNode(pnode, facts, attributes, folds))
-    return ReplacementPlan(rule, planned)
+    ``outputs``, ``attrs`` and ``copied`` attributes) only ops and opsets are known;
+    ``constants`` (None: those among ``values``) names the bound constants."""
+    nodes = [
+        PlannedNode(
+            pnode,
+            opsets.get(pnode.domain, rule.imports.get(pnode.domain, 1)),
+            _attributes(pnode, attrs or {}, copied or {}),
+        )
+        for pnode in rule.replacement.nodes
+    ]
+    return ReplacementPlan(rule, nodes, values, list(outputs or []), constants, ir_version)
 
 
 def plan_match(match: Match, context: ModelContext) -> ReplacementPlan:
     """The replacement plan of a match whose lets are bound."""
-    constants = {
-        name
-        for name, value in match.values.items()
-        if constant_tensor(value, context.ir_version) is not None
-    }
     return plan_replacement(
         match.rule,
-        constants,
+        None,
         context.opsets,
         values=match.values,
         outputs=match.outputs,
