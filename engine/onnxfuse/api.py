@@ -6,7 +6,7 @@ import os
 import re
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,8 +25,7 @@ from onnxfuse.language.rule import Rule
 from onnxfuse.passes import pipeline
 from onnxfuse.passes.normalize import normalize
 from onnxfuse.passes.pipeline import Options
-from onnxfuse.rewrite.conditions import RuleMatcher
-from onnxfuse.rewrite.matcher import ModelContext
+from onnxfuse.rewrite.explain import Explanation, explain_rule
 from onnxfuse.rewrite.report import Report
 from onnxfuse.support.heap import long_lived_objects_frozen
 from onnxfuse.targets.capabilities import Target, resolve_target
@@ -202,39 +201,10 @@ def _declared_output_conflict(model: ir.Model, message: str) -> str | None:
     return None
 
 
-@dataclass
-class Explanation:
-    node: str
-    op_type: str
-    graph: str
-    matched: bool
-    reason: str | None
-
-
 def explain(
     model: ir.Model, rule: Rule, node_name: str | None = None, target: Target | None = None
 ) -> list[Explanation]:
-    """For each node where ``rule`` could anchor, whether it matches and, if not, why."""
-    normalize(model)  # rules see the model as optimize does
-    context = ModelContext(model.ir_version or 10, dict(model.opset_imports))
-    matcher = RuleMatcher(rule, context, target)
-    results = []
-    for graph in all_graphs(model):
-        for node in graph:
-            if node_name is not None and node.name != node_name:
-                continue
-            if node_name is None and (node.domain, node.op_type) not in rule.anchor_keys:
-                continue
-            match = matcher.match(node)
-            results.append(
-                Explanation(
-                    node=node.name or "<unnamed>",
-                    op_type=node.op_type,
-                    graph="" if graph is model.graph else (graph.name or "<subgraph>"),
-                    matched=match is not None,
-                    reason=None if match is not None else str(matcher.mismatch),
-                )
-            )
-    if node_name is not None and not results:
-        raise OnnxfuseError(f"no node named '{node_name}' in the model")
-    return results
+    """For each node where ``rule`` could anchor, whether it matches and, if not, why;
+    the model is normalized first, so that the rule sees it as optimize does."""
+    normalize(model)
+    return explain_rule(model, rule, node_name, target)
