@@ -40,6 +40,12 @@ def add_optimize_command(sub: argparse._SubParsersAction) -> None:
         metavar="BYTES",
         help="largest constant that folding may create (default 256 MiB)",
     )
+    optimize.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="fold DequantizeLinear of constant weights into float weights (only for a "
+        "target that runs no quantized op; quantized weights stay quantized otherwise)",
+    )
     optimize.add_argument("--report-json", metavar="FILE", help="write the report as JSON")
     optimize.add_argument("-q", "--quiet", action="store_true", help="no terminal report")
     optimize.set_defaults(handler=_run_optimize)
@@ -56,7 +62,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
         refuse_overwriting_read,
     )
     from onnxfuse.language.packs import files_read
-    from onnxfuse.passes.pipeline import Options
+    from onnxfuse.passes.pipeline import Options, check_dequantize
     from onnxfuse.rewrite.driver import DEFAULT_MAX_ITERATIONS
     from onnxfuse.targets.capabilities import load_target
     from onnxfuse.targets.params import split_spec
@@ -71,7 +77,10 @@ def _run_optimize(args: argparse.Namespace) -> int:
         max_iterations=args.max_iterations or DEFAULT_MAX_ITERATIONS,
         max_rewrites=args.max_rewrites,
         progress=None if args.quiet else _progress,
+        dequantize=args.dequantize,
     )
+    if args.dequantize:
+        check_dequantize(target)  # before the work: one line, exit 2
     if args.fold_limit:
         options.fold_limit_bytes = args.fold_limit
     check_distinct({"-o": args.output, "--report-json": args.report_json})

@@ -73,6 +73,9 @@ class FoldContext:
     ir_version: int
     opsets: dict[str, int]
     limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
+    # A DequantizeLinear of constants is a quantized weight: folding it would store the
+    # float weight and undo the quantization, so it stays unless the user asks.
+    dequantize: bool = False
 
 
 class Folder:
@@ -106,6 +109,8 @@ class Folder:
     def fold_node(self, node: ir.Node) -> bool:
         graph = node.graph
         if graph is None or node.domain != "" or node.op_type in _NEVER_FOLD:
+            return False
+        if node.op_type == "DequantizeLinear" and not self.context.dequantize:
             return False
         in_function = id(graph) in self.function_graphs
         if in_function and node.op_type == "Constant":

@@ -29,7 +29,11 @@ class NormalizePass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.state.folder = normalize(
-            model, self.state.names, self.state.fold_limit_bytes, self.state.inferred
+            model,
+            self.state.names,
+            self.state.fold_limit_bytes,
+            self.state.inferred,
+            self.state.dequantize,
         )
         return ir.passes.PassResult(model, modified=True)
 
@@ -57,6 +61,7 @@ def normalize(
     names: NameSource | None = None,
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
     inferred: InferredTypes | None = None,
+    dequantize: bool = False,
 ) -> Folder:
     """Constants as initializers, constant subgraphs folded, shapes inferred
     (``inferred``: onnx's inference of the model as loaded, if unchanged since)."""
@@ -66,7 +71,9 @@ def normalize(
     infer_shapes(model, inferred)
     function_graphs = frozenset(id(g) for g, _, owner in owned_graphs(model) if owner is not None)
     folder = Folder(
-        FoldContext(model.ir_version or 10, dict(model.opset_imports), fold_limit_bytes),
+        FoldContext(
+            model.ir_version or 10, dict(model.opset_imports), fold_limit_bytes, dequantize
+        ),
         names or NameSource(model),
         function_graphs,
     )

@@ -37,9 +37,25 @@ class Options:
     max_rewrites: int | None = None  # default: 5 per node of the input, at least 1,000
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
     progress: Callable[[str], None] | None = None
+    # Fold DequantizeLinear of constant weights into float weights: only for a target
+    # that runs no quantized op (check_dequantize), never by default.
+    dequantize: bool = False
 
     def limits(self) -> Limits:
         return Limits(self.target, self.max_iterations, self.max_rewrites, self.progress)
+
+
+def check_dequantize(target: Target | None) -> None:
+    """Dequantizing weights is allowed only for a target that runs no quantized op: any
+    other would lose the quantized kernels the model was made for."""
+    if target is None:
+        raise OnnxfuseError("--dequantize needs a target that runs no quantized op, not none")
+    found = target.quantized_ops()
+    if found:
+        raise OnnxfuseError(
+            f"--dequantize: target '{target.name}' runs quantized ops "
+            f"({', '.join(found[:3])}): its weights stay quantized"
+        )
 
 
 def count_nodes(model: ir.Model) -> int:
@@ -84,8 +100,15 @@ def optimize(
     report.rules = {rule.name: RuleStats() for rule in rules}
     adopt_ir4_initializers(model)  # before the interface is read: those inputs go
     interface = _interface(model)
+    if options.dequantize:
+        check_dequantize(options.target)
     state = RunState(
-        report, NameSource(model), MatcherCache(options.target), options.fold_limit_bytes, inferred
+        report,
+        NameSource(model),
+        MatcherCache(options.target),
+        options.fold_limit_bytes,
+        inferred,
+        options.dequantize,
     )
     try:
         passes(state, rules, options, final_inference)(model)

@@ -20,6 +20,7 @@ class RunState:
     matchers: MatcherCache
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
     inferred: InferredTypes | None = None  # onnx's inference of the model as loaded
+    dequantize: bool = False  # fold DequantizeLinear of constants (Options.dequantize)
     folder: Folder | None = field(default=None)
 
     def require_folder(self) -> Folder:

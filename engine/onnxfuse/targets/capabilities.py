@@ -62,6 +62,12 @@ class TargetError(SourceError):
     """A capability file is malformed: the message names the file and line."""
 
 
+# Quantized ops whose names say "Integer" or "NBits" rather than "Quant".
+_QUANTIZED_OPS = frozenset(
+    {"ConvInteger", "MatMulInteger", "MatMulIntegerToFloat", "MatMulNBits", "GatherBlockQuantized"}
+)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a provider accepts beyond op, opset and types (vocabulary: LIMIT_KEYS)."""
@@ -184,6 +190,17 @@ class Target:
     def op_count(self) -> int:
         """Distinct (domain, op type) pairs listed."""
         return len(self.ops)
+
+    def quantized_ops(self) -> list[str]:
+        """The quantized ops this target lists (QuantizeLinear, QLinearConv, MatMulNBits,
+        ...): the standard's if it runs all of them."""
+        if "" in self.all_ops_of:
+            return ["DequantizeLinear", "QuantizeLinear", "QLinearConv"]
+        return sorted(
+            op_type
+            for _, op_type in self.ops
+            if "Quant" in op_type or op_type.startswith("QLinear") or op_type in _QUANTIZED_OPS
+        )
 
     def supports(self, domain: str, op_type: str, opset: int) -> bool:
         """Whether some entry runs the op at this opset (types and limits aside)."""
