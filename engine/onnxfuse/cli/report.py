@@ -19,6 +19,9 @@ def format_report(report: Report, source: str, output: str | None) -> str:
             )
     else:
         lines.append("  no rule fired")
+    blocked = sorted((name, s) for name, s in report.rules.items() if s.blocked)
+    for name, stats in blocked:
+        lines.append(f"  blocked: {name} ({stats.blocked}x): {stats.blocked_reason}")
     lines.append("")
     change = report.nodes_after - report.nodes_before
     lines.append(

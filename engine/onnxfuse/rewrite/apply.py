@@ -149,6 +149,26 @@ def _check_outputs(match: Match, env: dict[str, ir.Value | None]) -> None:
                 or existing.graph is not old.graph
             ):
                 raise Blocked(f"graph output '{old.name}' would be renamed onto '{existing.name}'")
+            change = _value_change(old, existing)
+            if change is not None:
+                raise Blocked(f"changes the {change[0]} of '{old.name}': {change[1]}")
+
+
+def _value_change(old: ir.Value, new: ir.Value) -> tuple[str, str] | None:
+    """What passing ``new`` through in place of ``old`` would change (its type or shape,
+    and how), where both are known; None when nothing known differs. A rule without
+    a rank guard (``Mul(X, 1) -> X`` on a broadcasting 1) is blocked here, not left to
+    fail the checker after the run."""
+    tensors = isinstance(old.type, ir.TensorType) and isinstance(new.type, ir.TensorType)
+    if tensors and old.dtype is not None and new.dtype is not None and old.dtype != new.dtype:
+        return "type", f"{new.dtype} where the graph has {old.dtype}"
+    if old.shape is None or new.shape is None:
+        return None
+    before, after = list(old.shape), list(new.shape)
+    differs = len(before) != len(after) or any(
+        isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(before, after)
+    )
+    return ("shape", f"{after} where the graph has {before}") if differs else None
 
 
 def _keep_type(old: ir.Value, new: ir.Value) -> None:

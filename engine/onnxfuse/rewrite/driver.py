@@ -177,7 +177,10 @@ class Driver:
             return None
         try:
             created = apply_match(match, context, self.names)
-        except Blocked:
+        except Blocked as exc:
+            stats = self.report.rules[match.rule.name]
+            stats.blocked += 1
+            stats.blocked_reason = stats.blocked_reason or str(exc)
             return None  # nothing changed: not part of any cycle
         self.history.append(match.rule.name)
         self.signatures.add(signature)

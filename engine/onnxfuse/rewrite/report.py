@@ -46,6 +46,8 @@ class RuleStats:
     matched: int = 0
     applied: int = 0
     seconds: float = 0.0
+    blocked: int = 0  # matches whose rewrite would break an invariant, not applied
+    blocked_reason: str | None = None  # the first such reason
 
 
 @dataclass
@@ -74,6 +76,8 @@ class Report:
                 name: {
                     "matched": s.matched,
                     "applied": s.applied,
+                    "blocked": s.blocked,
+                    "blocked_reason": s.blocked_reason,
                     "seconds": round(s.seconds, 6),
                 }
                 for name, s in self.rules.items()
