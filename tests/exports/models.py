@@ -28,7 +28,7 @@ class ModelSpec:
     """One model to export, and what the anchors need to know about it."""
 
     name: str
-    family: str  # bert, gpt2, vit, t5, llama, cnn
+    family: str  # bert, albert, gpt2, vit, t5, llama, cnn
     config: dict[str, Any]  # everything the builder reads; part of the cache key
     # onnxruntime.transformers.optimizer model_type; None: not a transformer
     ort_model_type: str | None
@@ -110,6 +110,26 @@ def build_bert(c: dict[str, Any]) -> Built:
     )
     inputs = _token_inputs(c["vocab"], c["mask"], c["seed"], *_sizes(c))
     return _hf(BertModel(config, add_pooling_layer=False), inputs, "last_hidden_state", c["seed"])
+
+
+def build_albert(c: dict[str, Any]) -> Built:
+    """ALBERT: every layer runs the same weights, so each weight has one reader per layer."""
+    from transformers import AlbertConfig, AlbertModel
+
+    torch.manual_seed(c["seed"])
+    config = AlbertConfig(
+        vocab_size=c["vocab"],
+        embedding_size=c["hidden"] // 2,
+        hidden_size=c["hidden"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        intermediate_size=c["hidden"] * 2,
+        max_position_embeddings=64,
+        attn_implementation=c["attention"],
+    )
+    inputs = _token_inputs(c["vocab"], c["mask"], c["seed"], *_sizes(c))
+    model = AlbertModel(config, add_pooling_layer=False)
+    return _hf(model, inputs, "last_hidden_state", c["seed"])
 
 
 def build_vit(c: dict[str, Any]) -> Built:
@@ -523,6 +543,7 @@ def build_cnn(c: dict[str, Any]) -> Built:
 
 BUILDERS: dict[str, Callable[[dict[str, Any]], Built]] = {
     "bert": build_bert,
+    "albert": build_albert,
     "vit": build_vit,
     "t5": build_t5,
     "llama": build_llama,
@@ -560,6 +581,8 @@ MODELS: list[ModelSpec] = [
     _text("bert-mask", "bert", "bert", hidden=32, heads=4, mask=True),
     _text("bert-nomask", "bert", "bert", hidden=32, heads=4, mask=False),
     _text("bert-sdpa-h64", "bert", "bert", hidden=64, heads=2, mask=True, attention="sdpa"),
+    # Weights shared by 4 layers; ALBERT's own model type in onnxruntime's optimizer is bert.
+    _text("albert", "albert", "bert", hidden=64, heads=4, layers=4, mask=True),
     _gpt2("gpt2", past=False, hidden=32, heads=4),
     _gpt2("gpt2-past", past=True, hidden=32, heads=4),
     ModelSpec(

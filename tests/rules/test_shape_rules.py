@@ -638,7 +638,7 @@ def test_shape_cast_leaves_a_shared_cast():
 
 @pytest.mark.parametrize(
     "perm, start, end",
-    [(None, None, None), ([2, 0, 1], None, None), ([1, 2, 0], 1, None), ([2, 1, 0], -2, -1)],
+    [(None, None, None), ([2, 0, 1], None, None), ([1, 2, 0], 1, None), ([2, 1, 0], -1, None)],
 )
 def test_shape_transpose_gathers_the_permuted_dims(perm, start, end):
     attrs = {k: v for k, v in {"start": start, "end": end}.items() if v is not None}
@@ -650,6 +650,22 @@ def test_shape_transpose_gathers_the_permuted_dims(perm, start, end):
     )
     result = fire(model, "shape-transpose", feeds={"x": np.ones((2, 3, 5), F32)})
     assert sorted(n.op_type for n in result.graph.node) == ["Gather", "Shape"]
+
+
+def test_a_static_part_of_a_transposed_shape_folds():
+    """Shape(Transpose(x))[-2:-1] holds x's static dim: it folds before any rule runs."""
+    model = build(
+        [
+            node("Transpose", ["x"], "t", perm=[2, 1, 0]),
+            node("Shape", ["t"], "y", start=-2, end=-1),
+        ],
+        {"x": (["N", 3, "W"], F32)},
+        opset=15,
+    )
+    report, result = optimize_proto(model, [RULES["shape-transpose"]])
+    assert report.rules["shape-transpose"].applied == 0
+    assert list(result.graph.node) == []
+    assert onnx.numpy_helper.to_array(result.graph.initializer[0]).tolist() == [3]
 
 
 # -- not-where, not-not -----------------------------------------------------------

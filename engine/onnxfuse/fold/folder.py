@@ -1,13 +1,16 @@
 """Constant folding: nodes whose inputs are all constant become initializers.
 
-Values are computed with onnx's reference evaluator, one node at a time, at
-the model's own opset. ``Shape`` and ``Size`` of a value whose shape is fully
-known fold too. Outputs above a size limit are left as nodes. Inside a
-``spill.spilling`` context, large results become external tensors in a
-temporary file, and external weights a fold read are unmapped after it. A fold of
-uniform values (fills) is computed on one element (``folding_uniform``) and is a
-fill again. A rewrite's new nodes fold together (``Folder.fold_nodes``): values that
-only they read are handed on as tensors and never become initializers.
+Values are computed with onnx's reference evaluator, one node at a time, at the model's
+own opset. ``Shape`` and ``Size`` of a value whose shape is fully known fold too, and so
+does any shape computation whose elements are all known (``language.symbolic``), though
+a dimension elsewhere in the shape is not. An ``If`` of a constant condition is replaced
+by the branch it takes, and an ``Identity`` of a weight by the weight itself (no copy).
+Outputs above a size limit are left as nodes. Inside a ``spill.spilling`` context, large
+results become external tensors in a temporary file, and external weights a fold read
+are unmapped after it. A fold of uniform values (fills) is computed on one element
+(``folding_uniform``) and is a fill again. A rewrite's new nodes fold together
+(``Folder.fold_nodes``): values that only they read are handed on as tensors and never
+become initializers.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import numpy as np
 import onnx_ir as ir
 from onnx import helper
 
-from onnxfuse.fold import spill
+from onnxfuse.fold import branches, spill
 from onnxfuse.fold import uniform as folding_uniform
 from onnxfuse.fold.numpy_ops import numpy_result
 from onnxfuse.graph.names import NameSource
+from onnxfuse.language import symbolic
 from onnxfuse.language.guards import constant_tensor
 from onnxfuse.support.ir_types import tensor_shape
 
@@ -108,8 +112,15 @@ class Folder:
 
     def fold_node(self, node: ir.Node) -> bool:
         graph = node.graph
-        if graph is None or node.domain != "" or node.op_type in _NEVER_FOLD:
+        if graph is None or node.domain != "":
             return False
+        if node.op_type == "If" and self._batch is None:
+            return self._fold_if(node)
+        if node.op_type in _NEVER_FOLD:
+            return False
+        if node.op_type == "Identity" and self._batch is None and _alias_initializer(node):
+            self.folded += 1
+            return True
         if node.op_type == "DequantizeLinear" and not self.context.dequantize:
             return False
         in_function = id(graph) in self.function_graphs
@@ -127,6 +138,8 @@ class Folder:
             results = self._constant_node_result(node)
         if results is None:
             results = self._evaluated_result(node)
+        if results is None:
+            results = self._symbolic_result(node)
             if results is None:
                 return False
         if sum(r.nbytes for r in results) > self.context.limit_bytes:
@@ -226,6 +239,35 @@ class Folder:
         start = min(max(start + rank if start < 0 else start, 0), rank)
         end = min(max(end + rank if end < 0 else end, 0), rank)
         return [np.array(dims[start:end], dtype=np.int64)]
+
+    def _symbolic_result(self, node: ir.Node) -> list[np.ndarray] | None:
+        """A shape computation whose every element is known although its inputs are not
+        all constant: Gather(Shape(x), 1) where only x's batch dimension is symbolic."""
+        if node.op_type not in symbolic.FOLLOWED_OPS or len(node.outputs) != 1:
+            return None
+        output = node.outputs[0]
+        if output.dtype is None or node.op_type == "Identity":
+            return None  # an Identity is a rewrite's to remove, not a fold's
+        found = symbolic.elements(output, self._input_tensor)
+        if found is None:
+            return None
+        rank, items = found
+        if not all(isinstance(item, int) for item in items):
+            return None
+        array = np.array(items, dtype=output.dtype.numpy())
+        return [array.reshape(()) if rank == 0 else array]
+
+    def _fold_if(self, node: ir.Node) -> bool:
+        """An If of a constant condition becomes the branch it takes; the branch's nodes
+        then fold in its place."""
+        moved = branches.inline_taken_branch(node, self._input_tensor, self.names)
+        if moved is None:
+            return False
+        self.folded += 1
+        for inlined in moved:
+            if inlined.graph is not None:
+                self.fold_node(inlined)
+        return True
 
     def _castlike_result(self, node: ir.Node) -> list[np.ndarray] | None:
         """CastLike needs only the dtype of its second input, not its value."""
@@ -359,6 +401,19 @@ class Folder:
         assert node.graph is not None
         node.graph.insert_before(node, constant)
         old.replace_all_uses_with(value, replace_graph_outputs=True)
+
+
+def _alias_initializer(node: ir.Node) -> bool:
+    """An Identity of an initializer: its readers read the initializer itself. Folding it
+    to a new initializer would copy the weight once per Identity (legacy exports of
+    ALBERT read each shared weight through one Identity per layer: 8 copies)."""
+    source, output = node.inputs[0] if node.inputs else None, node.outputs[0]
+    if source is None or not source.is_initializer() or output.is_graph_output():
+        return False
+    output.replace_all_uses_with(source)
+    assert node.graph is not None
+    node.graph.remove(node, safe=True)
+    return True
 
 
 def _tensor(array: np.ndarray, name: str) -> ir.TensorProtocol:

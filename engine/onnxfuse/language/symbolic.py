@@ -283,3 +283,7 @@ _HANDLERS: dict[str, Callable[[_Evaluator, ir.Node, int], Symbolic | None]] = {
     "Concat": _concat,
     "Reshape": _reshape,
 }
+
+# The ops elements() looks through: the folder folds one of them once all its elements
+# are known, though its inputs are not all constant (Gather(Shape(x), 1), x[batch, 128]).
+FOLLOWED_OPS = frozenset(_HANDLERS)
