@@ -1479,12 +1479,17 @@ def s_if(b: Builder, x: Val | None = None, same: bool = False) -> Val:
     """An If whose branches compute from an outer value, with rule sources inside."""
     b.root.steps.append("if")
     x = x or operand(b, (F32, F64, F16, I64), 0, 5)
-    if b.flag(0.5):
+    kind = b.choice(["input", "data", "constant", "shape"])
+    if kind == "input":
         cond = b.new_input(BOOL, ())
-    else:
+    elif kind == "data":
         source = operand(b, (F32, F64), 0, 5)
         total = reduction(b, "ReduceSum", source, None, keepdims=0)
         cond = b.op("Greater", [total, b.scalar(0.0, source.dtype)], BOOL, ())
+    elif kind == "constant":
+        cond = b.const(np.array(b.flag(0.5)), override_ok=False)
+    else:
+        cond = _dim_test(b)
     branches = []
     for label in ("then", "else"):
         sub = b.child()
@@ -1500,6 +1505,56 @@ def s_if(b: Builder, x: Val | None = None, same: bool = False) -> Val:
         graph = helper.make_graph(sub.nodes, f"{label}_{b.fresh('g')}", [], [out], sub.inits)
         branches.append(graph)
     return b.op("If", [cond], x.dtype, x.shape, then_branch=branches[0], else_branch=branches[1])
+
+
+def _symbolic_input(b: Builder) -> Val:
+    """A graph input whose first dim (and maybe others) is symbolic, as exports declare
+    a dynamic batch or sequence."""
+    shape = random_shape(b, b.int(2, 4))
+    symbolic = {a: f"d{a}_{shape[a]}" for a in range(len(shape)) if a == 0 or b.flag(0.4)}
+    return b.new_input(b.choice([F32, F64]), shape, symbolic)
+
+
+def _dim(b: Builder, shape: Val, axis: int, rank: int) -> Val:
+    """Gather(Shape(x), axis) as a rank-0 int64 (the index sometimes negative)."""
+    index = axis - rank if b.flag(0.3) else axis
+    return b.op("Gather", [shape, b.scalar(index, I64, override_ok=False)], I64, (), axis=0)
+
+
+def _dim_test(b: Builder) -> Val:
+    """Equal(Gather(Shape(x), i), k): an If condition that shapes decide, folded only
+    where dim i is static."""
+    x = _symbolic_input(b)
+    shape = b.op("Shape", [x], I64, (x.rank,))
+    axis = b.int(0, x.rank - 1)
+    size = x.shape[axis] if b.flag(0.5) else x.shape[axis] + 1
+    return b.op("Equal", [_dim(b, shape, axis, x.rank), b.scalar(size, I64)], BOOL, ())
+
+
+def s_shape_chain(b: Builder, x: Val | None = None, same: bool = False) -> Val:
+    """A shape computed at run time as exporters write it, on an input with symbolic
+    dims: Shape, then Gather or Slice of the leading dims, Unsqueeze, Concat with -1,
+    Reshape; or a ConstantOfShape of the whole shape added to the input."""
+    x = _symbolic_input(b)
+    shape = b.op("Shape", [x], I64, (x.rank,))
+    if b.flag(0.25):
+        fill = b.op(
+            "ConstantOfShape",
+            [shape],
+            x.dtype,
+            x.shape,
+            value=numpy_helper.from_array(np.ones(1, x.dtype)),
+        )
+        return b.op("Add", [x, fill], x.dtype, x.shape)
+    keep = b.int(1, x.rank - 1)
+    if b.flag(0.5):
+        parts = [unsqueeze(b, _dim(b, shape, axis, x.rank), [0]) for axis in range(keep)]
+        lead = parts[0] if len(parts) == 1 else b.op("Concat", parts, I64, (keep,), axis=0)
+    else:
+        lead = b.op("Slice", [shape, b.ints([0]), b.ints([keep])], I64, (keep,))
+    target = b.op("Concat", [lead, b.ints([-1])], I64, (keep + 1,), axis=0)
+    flat = (*x.shape[:keep], math.prod(x.shape[keep:]))
+    return b.op("Reshape", [x, target], x.dtype, flat)
 
 
 class _FunctionBuilder(Builder):
@@ -1637,7 +1692,8 @@ STEPS: list[tuple[str, Callable[..., Val], int]] = [
     ("reduce", s_reduce, 1),
     ("shape_op", s_shape_op, 3),
     ("cast", s_cast, 2),
-    ("if", s_if, 1),
+    ("if", s_if, 2),
+    ("shape_chain", s_shape_chain, 2),
     ("function", s_function, 1),
     ("duplicate", s_duplicate, 1),
 ]
