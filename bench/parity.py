@@ -65,6 +65,7 @@ SHORT = {
     "ort-extended": "ORT ext",
     "ort-transformers": "ORT transformers",
     "onnxscript": "onnxscript",
+    "onnxslim": "onnxslim",
 }
 
 

@@ -7,6 +7,7 @@
 | ort-transformers | `onnxruntime.transformers.optimizer.optimize_model` (model type, heads and |
 |   | hidden size from the spec) at opt_level 1 and 99 on CPU; the better valid result counts |
 | onnxscript | `onnxscript.optimizer.optimize`, then `rewriter.ort_fusions.optimize_for_ort` |
+| onnxslim | `onnxslim.slim(model, out)`: constant folding, dead-code removal, its fusions |
 
 A tool's result is *valid* when onnxruntime (graph optimizations off) loads and runs it and
 its outputs equal the original model's within RTOL/ATOL. Only valid results count as
@@ -29,7 +30,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-TOOLS = ("onnxfuse", "ort-extended", "ort-transformers", "onnxscript")
+TOOLS = ("onnxfuse", "ort-extended", "ort-transformers", "onnxscript", "onnxslim")
 ANCHORS = TOOLS[1:]
 RTOL, ATOL = 1e-4, 1e-5  # "equal within 1e-4 relative"; atol for values near zero
 # A result that fails to run is reported in the result; onnxruntime need not print it too.
@@ -41,10 +42,12 @@ class Result:
     tool: str
     path: Path | None = None
     nodes: int | None = None
-    ops: collections.Counter = field(default_factory=collections.Counter)
+    ops: collections.Counter = field(default_factory=collections.Counter)  # the main graph's
+    all_ops: collections.Counter = field(default_factory=collections.Counter)  # with subgraphs
     error: str | None = None  # the tool failed, or its result does not run or differs
     max_error: float | None = None  # worst |ours - original| / (ATOL + RTOL |original|)
     detail: str = ""  # e.g. which opt_level
+    seconds: float | None = None  # wall time of the tool itself, file to file
 
     @property
     def valid(self) -> bool:
@@ -63,11 +66,21 @@ def count_nodes(graph: onnx.GraphProto) -> int:
     return total
 
 
-def op_histogram(graph: onnx.GraphProto) -> collections.Counter:
-    """Op types as the manifest of tests/data/ort-fusion writes them (`domain::Op` off ai.onnx)."""
-    return collections.Counter(
+def op_histogram(graph: onnx.GraphProto, subgraphs: bool = False) -> collections.Counter:
+    """Op types as the manifest of tests/data/ort-fusion writes them (`domain::Op` off ai.onnx);
+    with `subgraphs`, those of every If/Loop/Scan body too."""
+    counts = collections.Counter(
         (f"{n.domain}::" if n.domain not in ("", "ai.onnx") else "") + n.op_type for n in graph.node
     )
+    if subgraphs:
+        for node in graph.node:
+            for attribute in node.attribute:
+                bodies = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else []
+                if attribute.type == onnx.AttributeProto.GRAPHS:
+                    bodies = list(attribute.graphs)
+                for body in bodies:
+                    counts += op_histogram(body, subgraphs=True)
+    return counts
 
 
 def session(
@@ -151,6 +164,13 @@ def _run_onnxscript(source: Path, out: Path, spec, rules) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(applied.items()))
 
 
+def _run_onnxslim(source: Path, out: Path, spec, rules) -> str:
+    import onnxslim
+
+    onnxslim.slim(str(source), str(out))
+    return ""
+
+
 def _ort_transformers_at(source: Path, out: Path, spec, level: int) -> None:
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -192,16 +212,23 @@ def ort_transformers(source: Path, workdir: Path, spec, feeds, want) -> Result:
 
 def _measure(tool: str, out: Path, feeds, want, produce) -> Result:
     result = Result(tool)
+    start = time.perf_counter()
     try:
         with quiet():
             result.detail = produce(out) or ""
     except Exception as exc:  # any failure of another tool is a result to report, not a crash
         result.error = f"optimizer failed: {type(exc).__name__}: {_line(exc)}"
         return result
+    finally:
+        result.seconds = time.perf_counter() - start
+    if not out.exists():  # a tool that gives up may say so only in its (silenced) log
+        result.error = "optimizer failed: wrote no model"
+        return result
     result.path = out
     graph = onnx.load(out, load_external_data=False).graph
     result.nodes = count_nodes(graph)
     result.ops = op_histogram(graph)
+    result.all_ops = op_histogram(graph, subgraphs=True)
     try:
         got = run(out, feeds)
     except Exception as exc:
@@ -218,16 +245,24 @@ def _line(exc: BaseException) -> str:
     return (text[0] if text else "")[:600]
 
 
-def compare(source: Path, workdir: Path, spec, feeds: dict[str, np.ndarray], rules) -> dict:
-    """Every tool on `source`: {tool: Result}. `want` is the original model's own output."""
+def compare(
+    source: Path,
+    workdir: Path,
+    spec,
+    feeds: dict[str, np.ndarray],
+    rules,
+    tools: tuple[str, ...] = TOOLS,
+) -> dict:
+    """Each of `tools` on `source`: {tool: Result}. `want` is the original model's own output."""
     want = run(source, feeds)
     runners = {
         "onnxfuse": _run_onnxfuse,
         "ort-extended": _run_ort_extended,
         "onnxscript": _run_onnxscript,
+        "onnxslim": _run_onnxslim,
     }
     results: dict[str, Result] = {}
-    for tool in TOOLS:
+    for tool in tools:
         if tool == "ort-transformers":
             results[tool] = ort_transformers(source, workdir, spec, feeds, want)
             continue

@@ -7,8 +7,8 @@ this run:
 - onnxfuse's result (every built-in pack, --target cpu) runs in onnxruntime and computes
   the original's outputs within 1e-4 relative;
 - its node count is at most the best anchor's: onnxruntime's session optimizer
-  (ORT_ENABLE_EXTENDED), onnxruntime's transformers optimizer and onnxscript's ORT fusions,
-  counting only anchor results that run and compute the same outputs.
+  (ORT_ENABLE_EXTENDED), onnxruntime's transformers optimizer, onnxscript's ORT fusions and
+  onnxslim, counting only anchor results that run and compute the same outputs.
 
 Where onnxfuse is still behind, the export is listed in KNOWN_GAPS with the reason; that
 list is asserted exactly: an export that reaches parity fails until it is removed.
