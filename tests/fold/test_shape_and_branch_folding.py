@@ -194,3 +194,72 @@ def test_nested_ifs_and_branch_constants_and_an_outer_value_as_output():
     assert [o.name for o in optimized.graph.output] == ["y"]
     x = np.array([0.25, 3.0], np.float32)
     assert np.array_equal(run(optimized, {"x": x})[0], run(model, {"x": x})[0])
+
+
+def _matmul_branch(name: str, weight: str, extra: str) -> onnx.GraphProto:
+    """y = x @ Transpose(weight), then a unary op: the Transpose folds inside the branch."""
+    return helper.make_graph(
+        [
+            helper.make_node("Transpose", [weight], [f"{name}_wt"]),
+            helper.make_node("MatMul", ["x", f"{name}_wt"], [f"{name}_mm"]),
+            helper.make_node(extra, [f"{name}_mm"], [f"{name}_y"]),
+        ],
+        name,
+        [],
+        [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)],
+    )
+
+
+def _weight(name: str, seed: int) -> onnx.TensorProto:
+    array = np.random.default_rng(seed).standard_normal((48, 48)).astype(np.float32)
+    return numpy_helper.from_array(array, name)
+
+
+def test_a_weight_both_branches_fold_alike_is_stored_once():
+    """Each branch of an If on data folds Transpose(W) into an initializer of its own:
+    one weight in the result, and W, read by nothing any more, goes."""
+    model = make_model(
+        [
+            helper.make_node(
+                "If",
+                ["c"],
+                ["y"],
+                then_branch=_matmul_branch("then", "W", "Relu"),
+                else_branch=_matmul_branch("else", "W", "Neg"),
+            )
+        ],
+        [tensor_input("x", [2, 48]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [tensor_input("y", [2, 48])],
+        [_weight("W", 0)],
+    )
+    _, optimized = optimize_proto(model, [])
+    weights = [t for t in optimized.graph.initializer if np.prod(t.dims) > 1024]
+    assert len(weights) == 1 and weights[0].name != "W"
+    x = np.random.default_rng(1).standard_normal((2, 48)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"x": x, "c": np.array(cond)}
+        assert np.array_equal(run(optimized, feeds)[0], run(model, feeds)[0])
+
+
+def test_a_weight_only_the_branch_not_taken_read_goes():
+    model = make_model(
+        [
+            helper.make_node(
+                "If",
+                ["false"],
+                ["y"],
+                then_branch=_matmul_branch("then", "V", "Relu"),
+                else_branch=_matmul_branch("else", "W", "Neg"),
+            )
+        ],
+        [tensor_input("x", [2, 48])],
+        [tensor_input("y", [2, 48])],
+        [_weight("W", 0), _weight("V", 2), numpy_helper.from_array(np.array(False), "false")],
+    )
+    _, optimized = optimize_proto(model, [])
+    weights = [t for t in optimized.graph.initializer if np.prod(t.dims) > 1024]
+    assert len(weights) == 1
+    expected = np.random.default_rng(0).standard_normal((48, 48)).astype(np.float32).T
+    assert np.array_equal(numpy_helper.to_array(weights[0]), expected)
+    x = np.random.default_rng(1).standard_normal((2, 48)).astype(np.float32)
+    assert np.array_equal(run(optimized, {"x": x})[0], run(model, {"x": x})[0])

@@ -96,5 +96,10 @@ def _take_place(
 
 
 def _empty(graph: ir.Graph) -> None:
+    """Drop every node of a branch not taken, nested ones included: each stops reading
+    its inputs first, so that a weight only it read is unused (and goes) afterwards."""
     graph.outputs.clear()
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        for index in range(len(node.inputs)):
+            node.replace_input_with(index, None)
     graph.remove(list(graph), safe=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import cast
 
-import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
@@ -18,8 +17,8 @@ from onnxfuse.fold.folder import DEFAULT_FOLD_LIMIT_BYTES, FoldContext, Folder
 from onnxfuse.graph.names import NameSource
 from onnxfuse.graph.traversal import all_graphs, owned_graphs
 from onnxfuse.ops.inference import InferredTypes, infer_shapes
+from onnxfuse.passes.shared_weights import deduplicate_large_initializers
 from onnxfuse.passes.state import RunState
-from onnxfuse.support.ir_types import tensor_shape
 
 
 class NormalizePass(ir.passes.InPlacePass):
@@ -145,58 +144,11 @@ class _LiftConstants(common_passes.LiftConstantsToInitializersPass):
 
 
 def merge_duplicates(model: ir.Model) -> None:
-    """Equal initializers first, so that CSE sees their users as equal."""
+    """Equal initializers first, so that CSE sees their users as equal. Subgraph
+    initializers move to the main graph first (every subgraph sees it): a weight folded
+    the same way in two If branches is then one weight, and one no branch reads any more
+    goes with the main graph's dead initializers."""
+    common_passes.LiftSubgraphInitializersToMainGraphPass()(model)
     common_passes.DeduplicateInitializersPass()(model)
     deduplicate_large_initializers(model)
     common_passes.CommonSubexpressionEliminationPass()(model)
-
-
-# Elements compared before two same-shaped weights are read whole: distinct weights
-# differ there, so only real copies are read in full.
-_PROBE_ELEMENTS = 256
-
-
-def deduplicate_large_initializers(model: ir.Model) -> None:
-    """Initializers above onnx_ir's DeduplicateInitializersPass's size limit, merged by
-    content within each graph: a weight that a fold or rewrite rebuilt per reader (packed
-    QKV of layers sharing weights) is stored once. onnx_ir's pass would read every weight
-    whole to key it; here only weights of one dtype and shape are compared, first on a
-    probe of a few elements (lazily loaded weights stay mostly unread)."""
-    for graph in all_graphs(model):
-        groups: dict[tuple[ir.DataType, tuple[int | ir.SymbolicDim, ...]], list[ir.Value]] = {}
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if tensor is None or tensor.size <= 1024 or value.is_graph_input():
-                continue
-            if value.is_graph_output():
-                continue  # its name is the model's interface
-            groups.setdefault((tensor.dtype, tensor_shape(tensor).dims), []).append(value)
-        for members in groups.values():
-            if len(members) > 1:
-                _merge_equal(graph, members)
-
-
-def _merge_equal(graph: ir.Graph, members: list[ir.Value]) -> None:
-    kept: dict[bytes, list[tuple[ir.Value, np.ndarray]]] = {}
-    for value in members:
-        tensor = value.const_value
-        assert tensor is not None
-        try:
-            flat = tensor.numpy().reshape(-1)
-        except Exception:  # a tensor that cannot be read here stays as it is
-            continue
-        step = max(1, flat.size // _PROBE_ELEMENTS)
-        probe = np.ascontiguousarray(flat[::step][:_PROBE_ELEMENTS]).tobytes()
-        candidates = kept.setdefault(probe, [])
-        same = next((k for k, array in candidates if _equal_bytes(array, flat)), None)
-        if same is None:
-            candidates.append((value, flat))
-            continue
-        value.replace_all_uses_with(same)
-        assert value.name is not None
-        graph.initializers.pop(value.name)
-
-
-def _equal_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bitwise equality: NaN payloads and -0.0 count, as they do in a weight's bytes."""
-    return a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
