@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_same_outputs
-from onnx import version_converter
+from helpers import assert_same_outputs, make_model, optimize_proto, tensor_input
+from onnx import helper, numpy_helper, version_converter
 
 from onnxfuse.api import optimize_file, sample_model_path, select_rules
 from onnxfuse.cli.main import main
@@ -123,3 +123,55 @@ def test_dequantize_folds_weights_for_a_target_without_quantized_ops(tmp_path: P
     before, after = onnx.load(source), onnx.load(out)
     assert _constant_dequantizes(before) > 0 and _constant_dequantizes(after) == 0
     assert_same_outputs(before, after)
+
+
+def _cast_scale_matmul() -> onnx.ModelProto:
+    """Weight-only quantization written by hand, as some packaged models do it:
+    MatMul(x, Mul(Cast(int8 W, float), scale))."""
+    weight = np.random.default_rng(0).integers(-128, 128, (64, 64)).astype(np.int8)
+    return make_model(
+        [
+            helper.make_node("Cast", ["Wq"], ["Wf"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Mul", ["Wf", "scale"], ["W"]),
+            helper.make_node("MatMul", ["x", "W"], ["y"]),
+        ],
+        [tensor_input("x", ["batch", 64])],
+        [tensor_input("y", ["batch", 64])],
+        [
+            numpy_helper.from_array(weight, "Wq"),
+            numpy_helper.from_array(np.array(0.02, np.float32), "scale"),
+        ],
+    )
+
+
+def test_a_cast_of_an_int8_weight_stays_int8(tmp_path: Path):
+    """Folding Cast + Mul would store the float weight, four times larger."""
+    model = _cast_scale_matmul()
+    _, optimized = optimize_proto(model, select_rules())
+    assert _initializer_bytes(optimized) <= _initializer_bytes(model)
+    assert [t.data_type for t in optimized.graph.initializer if t.name == "Wq"] == [
+        onnx.TensorProto.INT8
+    ]
+    assert_same_outputs(model, optimized)
+
+
+def test_dequantize_folds_a_cast_int8_weight_too():
+    model = _cast_scale_matmul()
+    _, optimized = optimize_proto(model, [], target=load_target("coreml"), dequantize=True)
+    assert [n.op_type for n in optimized.graph.node] == ["MatMul"]
+    assert_same_outputs(model, optimized)
+
+
+def test_a_cast_of_a_small_int8_table_still_folds():
+    """A few int8 values (a lookup table, a shape) are no quantized weight."""
+    model = make_model(
+        [
+            helper.make_node("Cast", ["t"], ["tf"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Add", ["x", "tf"], ["y"]),
+        ],
+        [tensor_input("x", [16])],
+        [tensor_input("y", [16])],
+        [numpy_helper.from_array(np.arange(16, dtype=np.int8), "t")],
+    )
+    _, optimized = optimize_proto(model, [])
+    assert [n.op_type for n in optimized.graph.node] == ["Add"]

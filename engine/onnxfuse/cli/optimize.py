@@ -43,8 +43,9 @@ def add_optimize_command(sub: argparse._SubParsersAction) -> None:
     optimize.add_argument(
         "--dequantize",
         action="store_true",
-        help="fold DequantizeLinear of constant weights into float weights (only for a "
-        "target that runs no quantized op; quantized weights stay quantized otherwise)",
+        help="fold DequantizeLinear (or Cast to float) of constant 8-bit weights into "
+        "float weights (only for a target that runs no quantized op; quantized weights "
+        "stay quantized otherwise)",
     )
     optimize.add_argument("--report-json", metavar="FILE", help="write the report as JSON")
     optimize.add_argument("-q", "--quiet", action="store_true", help="no terminal report")

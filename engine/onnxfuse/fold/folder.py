@@ -77,8 +77,9 @@ class FoldContext:
     ir_version: int
     opsets: dict[str, int]
     limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
-    # A DequantizeLinear of constants is a quantized weight: folding it would store the
-    # float weight and undo the quantization, so it stays unless the user asks.
+    # A DequantizeLinear of constants (or a Cast of an 8-bit weight to float) is a
+    # quantized weight: folding it would store the float weight and undo the
+    # quantization, so it stays unless the user asks.
     dequantize: bool = False
 
 
@@ -121,7 +122,7 @@ class Folder:
         if node.op_type == "Identity" and self._batch is None and _alias_initializer(node):
             self.folded += 1
             return True
-        if node.op_type == "DequantizeLinear" and not self.context.dequantize:
+        if not self.context.dequantize and _dequantizes_a_weight(node):
             return False
         in_function = id(graph) in self.function_graphs
         if in_function and node.op_type == "Constant":
@@ -401,6 +402,36 @@ class Folder:
         assert node.graph is not None
         node.graph.insert_before(node, constant)
         old.replace_all_uses_with(value, replace_graph_outputs=True)
+
+
+# Integer weights that a Cast to float makes into a dequantized weight: 8 bits or fewer.
+_QUANTIZED_WEIGHT_TYPES = frozenset(
+    {ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT4, ir.DataType.UINT4}
+)
+_FLOAT_TYPES = frozenset(
+    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+)
+# A shape constant or lookup table this small is no quantized weight.
+_QUANTIZED_WEIGHT_ELEMENTS = 1024
+
+
+def _dequantizes_a_weight(node: ir.Node) -> bool:
+    """A DequantizeLinear, or a Cast of a constant 8-bit (or 4-bit) integer tensor to
+    float (weight-only quantization written by hand, Cast then Mul by a scale): folding
+    it would store the float weight, 2-8 times larger, and undo the quantization."""
+    if node.op_type == "DequantizeLinear":
+        return True
+    if node.op_type != "Cast" or not node.inputs or node.inputs[0] is None:
+        return False
+    source = node.inputs[0]
+    to = node.attributes.get("to")
+    return (
+        source.dtype in _QUANTIZED_WEIGHT_TYPES
+        and source.const_value is not None
+        and source.const_value.size > _QUANTIZED_WEIGHT_ELEMENTS
+        and to is not None
+        and to.as_int() in {t.value for t in _FLOAT_TYPES}
+    )
 
 
 def _alias_initializer(node: ir.Node) -> bool:
