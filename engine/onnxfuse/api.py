@@ -15,8 +15,9 @@ import onnx
 import onnx_ir as ir
 
 from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
-from onnxfuse.files.input_files import INPUT_FILES_META
+from onnxfuse.files.input_files import INPUT_FILES_META, InputFiles
 from onnxfuse.files.model_io import check_model, load_model_and_types, save_model
+from onnxfuse.files.model_size import input_bytes, size_change
 from onnxfuse.files.output_paths import check_output, model_file, refuse_overwriting
 from onnxfuse.fold.spill import spilling
 from onnxfuse.graph.traversal import all_graphs
@@ -157,6 +158,11 @@ def optimize_file(
             except InvariantError as exc:  # a rule's target, or onnxfuse: say which rules ran
                 fired = ", ".join(sorted(n for n, s in report.rules.items() if s.applied))
                 raise InvariantError(f"{exc} (rules that fired: {fired or 'none'})") from None
+    files = model.meta.get(INPUT_FILES_META)
+    if output is not None and isinstance(files, InputFiles):
+        change = size_change(input_bytes(files), files, Path(output))
+        report.bytes_before, report.bytes_after = change.bytes_before, change.bytes_after
+        report.larger_because = list(change.reasons)
     return report
 
 

@@ -142,8 +142,9 @@ def _run_onnxfuse(source: Path, out: Path, spec, rules) -> str:
     from onnxfuse.passes.pipeline import Options
     from onnxfuse.targets.capabilities import load_target
 
-    optimize_file(source, out, rules, Options(target=load_target("cpu")))
-    return ""
+    report = optimize_file(source, out, rules, Options(target=load_target("cpu")))
+    # Why the output is larger than the input, when it is: the report must say.
+    return "; ".join(report.larger_because)
 
 
 def _run_ort_extended(source: Path, out: Path, spec, rules) -> str:

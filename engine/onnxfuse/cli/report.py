@@ -36,5 +36,14 @@ def format_report(report: Report, source: str, output: str | None) -> str:
             "  ops: "
             + ", ".join(f"{op} {before.get(op, 0)}->{after.get(op, 0)}" for op in changed_ops)
         )
+    if report.bytes_before is not None and report.bytes_after is not None:
+        old_size, new_size = _megabytes(report.bytes_before), _megabytes(report.bytes_after)
+        lines.append(f"  size {old_size} -> {new_size}")
+        for reason in report.larger_because:
+            lines.append(f"  larger: {reason}")
     lines.append(f"  written to {output}" if output else "  (no -o given: nothing written)")
     return "\n".join(lines)
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:.2f} MB" if count >= 10_000 else f"{count} B"

@@ -80,10 +80,25 @@ def normalize(
     )
     for graph in all_graphs(model):
         folder.fold_graph(graph)
+    # A value whose shape onnx could not infer before (a Pad or Reshape reading a shape
+    # computed at run time) may be known now that the computation is constant: infer
+    # again, and fold what that makes constant, until nothing more folds.
+    for _ in range(_MAX_REFOLDS):
+        folded = folder.folded
+        if not infer_shapes(model):
+            break
+        for graph in all_graphs(model):
+            folder.fold_graph(graph)
+        if folder.folded == folded:
+            break
     # Rules then see one node where exporters wrote the same computation twice.
     merge_duplicates(model)
-    # No second inference here: folded values are initializers with exact shapes.
     return folder
+
+
+# Rounds of inference and folding after the first: each round can only fold what the
+# last made constant (a chain through several shape-dependent ops needs one round each).
+_MAX_REFOLDS = 4
 
 
 # Constants this small are read again and again by guards (shape arithmetic, axes).

@@ -62,6 +62,11 @@ class Report:
     rules: dict[str, RuleStats] = field(default_factory=dict)
     ops_before: dict[str, int] = field(default_factory=dict)
     ops_after: dict[str, int] = field(default_factory=dict)
+    # Bytes on disk of the input and of the written output (None: nothing written), and
+    # what made the output larger, when it is.
+    bytes_before: int | None = None
+    bytes_after: int | None = None
+    larger_because: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -84,4 +89,7 @@ class Report:
             },
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "larger_because": self.larger_because,
         }
