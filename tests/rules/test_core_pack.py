@@ -33,6 +33,8 @@ from onnxfuse.language.packs import check_unique
 EXPECTED_RULES = {
     "identity-elim",
     "dropout-elim",
+    "mul-one-elim",
+    "div-one-elim",
     "cast-noop",
     "transpose-noop",
     "reshape-noop",

@@ -42,30 +42,24 @@ PEERS = TOOLS[1:]
 # Models onnxfuse refuses (OnnxfuseError or a crash), and why.
 KNOWN_REFUSALS: dict[str, str] = {}
 
-# Models whose onnxfuse result holds more constant bytes than the original (folding made
-# a constant larger than what it was computed from), and why. A result may be a larger file
-# for other reasons the report states (the inferred types it records as value_info, longer
-# fused-node names); test_file_not_larger checks that it says so.
+# Models whose onnxfuse result holds more constant bytes than the original beyond what
+# folding legitimately adds (a fill or an Expand written out: at most CONSTANTS_SLACK), and
+# why. A result may be a larger file for reasons the report states (the inferred types
+# it records as value_info, longer fused-node names); test_file_not_larger checks that
+# it says so.
+CONSTANTS_SLACK = 64 * 1024
 KNOWN_LARGER: dict[str, str] = {}
 
 # Models where onnxfuse's result has more nodes than the best valid peer's, and why.
-SHAPE_IFS = (
-    "the If on a static dim (torch's squeeze-if-size-1: If(Equal(Gather(Shape(x)), 1))) "
-    "and the If on Cast(Gather(Shape(state), 0)) (a static 2) are not folded"
+RANK_IFS = (
+    "the Ifs left test a rank that an earlier If on the input's length decides "
+    "(torch's squeeze-if-size-1 on a symbolic dim, then unsqueeze-if-rank-2); onnxscript "
+    "decides them, and each If branch keeps the Identity that returns an outer value"
 )
 KNOWN_GAPS: dict[str, str] = {
-    "silero-vad-v6": f"218 vs onnxscript 116: 25 If left (onnxscript 3): {SHAPE_IFS}",
-    "silero-vad-16k-op15": f"112 vs onnxscript 60: 12 If left (onnxscript 1): {SHAPE_IFS}",
-    "silero-vad-half": f"108 vs onnxscript 57: 12 If left (onnxscript 1): {SHAPE_IFS}",
-    "silero-vad-v4": (
-        f"224 vs onnxscript and onnxslim 164: 9 If left (theirs 1), so 8 LSTM where they "
-        f"have 4: {SHAPE_IFS}"
-    ),
-    "ppocr-mobile-cls": "156 vs ORT ext 155: the head's 2-D MatMul + Add stays two nodes (Gemm)",
-    "ddddocr-ocr": (
-        "69 vs ORT ext 64: the Shape -> 4 Gather -> Unsqueeze -> Concat chains feeding the "
-        "Reshapes stay; the batch dim is lost (unk) after a Reshape though the input's is 1"
-    ),
+    "silero-vad-v6": f"142 vs onnxscript 116: 15 If left (onnxscript 3): {RANK_IFS}",
+    "silero-vad-16k-op15": f"73 vs onnxscript 60: 7 If left (onnxscript 1): {RANK_IFS}",
+    "silero-vad-half": f"70 vs onnxscript 57: 7 If left (onnxscript 1): {RANK_IFS}",
     "ddddocr-det": (
         "197 vs ORT ext 192: the Focus stem's 6 strided Slice + Concat stay "
         "(onnxruntime makes one SpaceToDepth + Gather)"
@@ -75,26 +69,13 @@ KNOWN_GAPS: dict[str, str] = {
         "targets on symbolic height/width stay (2 Concat, 2 Gather, 2 Unsqueeze, 1 Shape)"
     ),
     "minilm-l6-int8": (
-        "242 vs onnxscript 155: self-attention not fused (onnxscript: 6 Attention); each "
-        "layer keeps MatMul/Reshape/Transpose/Softmax and torch's SDPA mask "
-        "(IsNaN/Where); onnxscript keeps 38 Cast + Mul of the int8 weights"
-    ),
-    "arabic-romanizer-decoder": (
-        "86 vs onnxscript 58: torch.chunk(3) of the 4 GRU gate Gemms stays as "
-        "Shape -> Gather -> Add -> Div -> Mul x3 -> Slice: Gather(Shape([batch, 768]), [1]) "
-        "is a static 768 but the batch is symbolic"
+        "312 vs onnxscript 155: self-attention not fused (onnxscript: 6 Attention); each "
+        "layer keeps MatMul/Reshape/Transpose/Softmax and torch's SDPA mask (IsNaN/Where). "
+        "The int8 weights stay int8 (Cast + Mul, as onnxscript keeps them; folding them "
+        "would store 90 MB of float32), and the attention and Gemm rules need constant weights"
     ),
     "oww-hey-jarvis": "21 vs ORT ext 19: Gemm + Sigmoid stay two nodes (FusedGemm), twice",
     "oww-hey-mycroft": "9 vs ORT ext 8: Gemm + Sigmoid stay two nodes (FusedGemm)",
-    "akiki-vad": (
-        "45 vs ORT ext 26: 2 If on Equal(Gather(Shape)) of static dims not folded, with "
-        "their Shape/Gather/Slice/Concat/Unsqueeze feeders"
-    ),
-    "voicefilter-embedder-int8": (
-        "40 vs onnxslim 20: the Shape/Gather/Concat/Slice chains that build the 3 quantized "
-        "LSTMs' initial states from the symbolic batch stay (9 Slice, 3 each of "
-        "Shape/Gather/Concat)"
-    ),
 }
 
 
@@ -162,7 +143,8 @@ def test_result_runs_and_keeps_outputs(name, measured):
 @pytest.mark.parametrize("name", [n for n in MANIFEST if n not in KNOWN_REFUSALS])
 def test_file_not_larger(name, measured):
     """Not larger than the original, or larger with the reasons in onnxfuse's report; its
-    constants never hold more than the original's (KNOWN_LARGER: the exceptions)."""
+    constants hold at most CONSTANTS_SLACK more than the original's (KNOWN_LARGER: the
+    exceptions)."""
     path, results = measured(name)
     ours = results["onnxfuse"]
     assert ours.valid, f"{name}: {ours.error}"
@@ -170,11 +152,19 @@ def test_file_not_larger(name, measured):
     reasons = [r for r in ours.detail.split("; ") if r]
     if after > before:
         assert reasons, f"{name}: {before} -> {after} bytes, and the report says no reason"
-    constants_grew = any(r.startswith("folded constants") for r in reasons)
+    constants_grew = any(
+        r.startswith("folded constants") and _stated_bytes(r) > CONSTANTS_SLACK for r in reasons
+    )
     if name in KNOWN_LARGER:
         assert constants_grew, f"{name}: its constants no longer grow: remove it from KNOWN_LARGER"
     else:
         assert not constants_grew, f"{name}: {before} -> {after} bytes: {ours.detail}"
+
+
+def _stated_bytes(reason: str) -> float:
+    """The growth a report reason states: '(+3.3 KiB; ...' -> 3379.2."""
+    amount, unit = reason.split("(+", 1)[1].split(")")[0].split(";")[0].split()
+    return float(amount) * {"B": 1, "KiB": 1024, "MiB": 1024 * 1024}[unit]
 
 
 @pytest.mark.parametrize("name", [n for n in MANIFEST if n not in KNOWN_REFUSALS])
