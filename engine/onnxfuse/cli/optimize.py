@@ -99,6 +99,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
         _write_json(args.report_json, report.to_json())
     if not args.quiet:
         print(format_report(report, str(model_path), args.output))
+    for repair in report.repairs:
+        print(f"onnxfuse: warning: {repair}", file=sys.stderr)
     if report.stopped:
         print(f"onnxfuse: warning: {report.stopped}", file=sys.stderr)
     return 0

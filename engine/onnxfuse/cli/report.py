@@ -7,6 +7,7 @@ from onnxfuse.rewrite.report import Report
 
 def format_report(report: Report, source: str, output: str | None) -> str:
     lines = [f"onnxfuse optimize {source}"]
+    lines.extend(f"  {repair}" for repair in report.repairs)
     fired = [(name, s) for name, s in report.rules.items() if s.matched or s.applied]
     if fired:
         width = max(len(name) for name, _ in fired)

@@ -1,4 +1,5 @@
-"""What a run did: per-rule counts, node counts, and why rewriting stopped early."""
+"""What a run did: per-rule counts, node counts, why rewriting stopped early, and what
+was repaired in the model as read."""
 
 from __future__ import annotations
 
@@ -41,6 +42,35 @@ class StopReason:
         }
 
 
+# The model's meta entry holding the Repairs made when it was read (files/repair.py).
+REPAIRS_META = "onnxfuse.repairs"
+# Places a repair's one line names before "and N more"; the JSON lists them all.
+_PLACES_SHOWN = 3
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A defect of the model as read that onnxruntime runs through, mended: ``kind`` to
+    match on, ``what`` was done, ``places`` it was done at (values, nodes, opsets)."""
+
+    kind: str
+    what: str
+    places: tuple[str, ...]
+
+    def __str__(self) -> str:
+        shown = ", ".join(self.places[:_PLACES_SHOWN])
+        more = len(self.places) - _PLACES_SHOWN
+        return f"repaired: {self.what}, {shown}" + (f" and {more} more" if more > 0 else "")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "what": self.what,
+            "places": list(self.places),
+            "message": str(self),
+        }
+
+
 @dataclass
 class RuleStats:
     matched: int = 0
@@ -62,6 +92,7 @@ class Report:
     rules: dict[str, RuleStats] = field(default_factory=dict)
     ops_before: dict[str, int] = field(default_factory=dict)
     ops_after: dict[str, int] = field(default_factory=dict)
+    repairs: list[Repair] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -84,4 +115,5 @@ class Report:
             },
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
+            "repairs": [repair.to_json() for repair in self.repairs],
         }
