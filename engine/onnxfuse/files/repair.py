@@ -3,8 +3,9 @@
 Each is mended with one ``Repair`` (rewrite/report.py), which the run's report holds and
 the command line prints as a warning. On every load, in the protobuf (``repair_structure``):
 
-- opset imports no node uses are dropped (never the ai.onnx one); one domain imported
-  twice at one version is imported once;
+- opset imports no node uses are dropped (never the ai.onnx one); a domain imported
+  twice is imported once, at the last version imported: the one onnxruntime, onnx's
+  checker and onnx_ir all read;
 - value_info entries without a type, or with a tensor type without an element type
   (onnxruntime refuses the latter), are dropped;
 - unnamed nodes are named, and nodes whose name an earlier node of their graph holds
@@ -16,8 +17,8 @@ When onnx's checker refuses the model, in the protobuf, then checked again
 - a graph output without a type or a shape gets the one inferred (the checker requires
   both; onnxruntime takes the values as computed);
 - a value_info whose type or shape contradicts what the nodes compute is replaced by
-  the inferred one, and one that contradicts its initializer's tensor is dropped (the
-  tensor is the value);
+  the inferred one, and one that contradicts its constant's tensor (an initializer's, a
+  Constant node's) is dropped: the tensor is the value;
 - a graph output's declared shape that inference contradicts is replaced by the
   inferred one: onnxruntime returns the computed shape whatever was declared, so a
   caller sees no other tensor, only the declaration corrected.
@@ -26,16 +27,15 @@ After optimizing (``repair_computed_outputs``), a graph output whose declared sh
 contradicts what its producer now computes (folding makes a shape computation
 constant) likewise gets the computed shape.
 
-Refused instead, as onnxruntime refuses them or as they have no single meaning: one
-domain imported at two versions; a graph output declared with another element type than
-it computes (the caller would get another type; onnxruntime refuses it); a graph output
-without a shape that inference cannot find (nothing the checker accepts says "any
-rank"); and everything else the checker finds.
+Refused instead (ModelError), as onnxruntime refuses them or as no repair has a single
+meaning: a graph output declared with another element type than it computes (a caller
+would get another type; onnxruntime refuses it); a graph input, or a graph output whose
+shape inference cannot find, without a shape (the checker requires one, and nothing it
+accepts says "any rank"); and everything else the checker finds.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 
 import onnx
@@ -60,8 +60,7 @@ def record(model: ir.Model, repairs: list[Repair]) -> None:
 
 
 def repair_structure(proto: onnx.ModelProto) -> list[Repair]:
-    """Opset imports, empty value_info entries and node names, mended in ``proto``.
-    Raises ModelError for a domain imported at two versions."""
+    """Opset imports, empty value_info entries and node names, mended in ``proto``."""
     repairs = _repair_opsets(proto)
     repairs += _drop_untyped_value_info(proto.graph)
     repairs += _name_nodes(proto.graph)
@@ -69,32 +68,32 @@ def repair_structure(proto: onnx.ModelProto) -> list[Repair]:
 
 
 def _repair_opsets(proto: onnx.ModelProto) -> list[Repair]:
-    versions: dict[str, set[int]] = {}
+    versions: dict[str, list[int]] = {}
     for opset in proto.opset_import:
-        versions.setdefault(opset.domain, set()).add(opset.version)
-    for domain, found in versions.items():
-        if len(found) > 1:
-            listed = " and ".join(str(v) for v in sorted(found))
-            raise ModelError(
-                f"opset '{domain}' is imported at versions {listed}: which one the model's "
-                "nodes run at has no single answer"
-            )
+        versions.setdefault(opset.domain, []).append(opset.version)
     used = _used_domains(proto)
-    counts = Counter(opset.domain for opset in proto.opset_import)
-    merged = sorted(domain for domain, count in counts.items() if count > 1)
-    unused = sorted(d for d in counts if d not in used and d not in _AI_ONNX)
-    if not merged and not unused:
+    twice = sorted(d for d, found in versions.items() if len(found) > 1)
+    unused = sorted(d for d in versions if d not in used and d not in _AI_ONNX)
+    if not twice and not unused:
         return []
-    kept: list[onnx.OperatorSetIdProto] = []
-    for opset in proto.opset_import:
-        if opset.domain not in unused and all(k.domain != opset.domain for k in kept):
-            kept.append(opset)
+    # The last import of a domain is kept: onnxruntime, onnx's checker and onnx_ir all
+    # run the model's nodes at it.
+    kept = {opset.domain: opset for opset in proto.opset_import if opset.domain not in unused}
     del proto.opset_import[:]
-    proto.opset_import.extend(kept)
+    proto.opset_import.extend(kept.values())
     repairs = []
+    merged = [d for d in twice if len(set(versions[d])) == 1]
     if merged:
-        places = tuple(f"'{d}' version {next(iter(versions[d]))}" for d in merged)
+        places = tuple(f"'{d}' version {versions[d][0]}" for d in merged)
         repairs.append(Repair("duplicate-opset", "opset imported twice, kept once", places))
+    differing = [d for d in twice if len(set(versions[d])) > 1]
+    if differing:
+        places = tuple(
+            f"'{d}' versions {', '.join(map(str, versions[d]))}: {versions[d][-1]}"
+            for d in differing
+        )
+        what = "opset imported at two versions, the last kept (as onnxruntime runs it)"
+        repairs.append(Repair("conflicting-opset", what, places))
     if unused:
         places = tuple(f"'{d}'" for d in unused)
         repairs.append(Repair("unused-opset", "unused opset import dropped", places))
@@ -194,6 +193,14 @@ def repair_declarations(proto: onnx.ModelProto) -> list[Repair]:
     tensor) contradicts them, or the checker finds none on a graph output. Raises
     ModelError for a graph output whose repair a caller would see (module docstring)."""
     graph = proto.graph
+    for value in graph.input:
+        if value.type.WhichOneof("value") == "tensor_type" and not value.type.tensor_type.HasField(
+            "shape"
+        ):
+            raise ModelError(
+                f"graph input '{value.name}' declares no shape: onnx's checker requires one, "
+                "and its rank is the model's to say"
+            )
     computed = _computed_types(proto)
     tensors = {t.name: _tensor_type(t) for t in graph.initializer}
     for node in graph.node:  # a Constant's output is its tensor, as inferred
