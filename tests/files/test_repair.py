@@ -26,6 +26,7 @@ from onnxfuse.api import optimize, optimize_file
 from onnxfuse.errors import ModelError
 from onnxfuse.files.model_io import load_model
 from onnxfuse.files.repair import repair_computed_outputs
+from onnxfuse.files.source_weights import SourceTensor
 from onnxfuse.rewrite.report import REPAIRS_META
 
 SHAPE = [2, 3]
@@ -434,4 +435,30 @@ def test_a_model_onnxruntime_refuses_stays_refused(build, message, onnxruntime_r
     assert line.startswith(f"onnxfuse: error: {source}: ") and message in line, line
     assert not (tmp_path / "out.onnx").exists()
     with pytest.raises(ModelError, match="^" + str(source)):
+        load_model(source)
+
+
+def test_a_model_whose_weights_stay_in_the_file_is_repaired_and_checked(tmp_path: Path):
+    # 64 KiB and more of raw data stays in the file: the repaired protobuf lacks it, and
+    # the check runs on placeholders of it.
+    weight = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"], name="mm")]
+    model = _model(
+        nodes,
+        inputs=[tensor_input("x", [2, 128])],
+        outputs=[tensor_input("z", [2, 64])],
+        initializers=[numpy_helper.from_array(weight, "w")],
+    )
+    source, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, source)
+    loaded = load_model(source)
+    assert isinstance(loaded.graph.initializers["w"].const_value, SourceTensor)
+    assert [r.kind for r in loaded.meta[REPAIRS_META]] == ["output-shape"]
+    optimize_file(source, out, [])
+    feeds = random_feeds(model)
+    assert_close(run(out, feeds), _session(model).run(None, feeds))
+    model.graph.node.append(helper.make_node("Relu", ["nowhere"], ["q"], name="r"))
+    model.graph.output.append(tensor_input("q", [2]))
+    onnx.save(model, source)  # repaired, then refused on the placeholders' check
+    with pytest.raises(ModelError, match=r"fails the ONNX checker: .*'nowhere'"):
         load_model(source)

@@ -139,12 +139,12 @@ def _load(
     if wrong_size is not None:
         raise ModelError(f"{path}: {wrong_size}")
     try:
+        # Names and opset imports are nothing the checker reads: the file's verdict stands.
         repairs = repair_structure(proto)
-        # Once repaired, the file is no longer the model: the protobuf is checked.
-        failure = _check_loaded(path, proto, target, ranges, lazy, not repairs) if check else None
+        failure = _check_loaded(path, proto, target, ranges, lazy) if check else None
         if failure is not None:
             found = repair_declarations(proto)
-            if found:
+            if found:  # the file is no longer the model: the protobuf is checked
                 repairs += found
                 failure = _check_loaded(path, proto, target, ranges, lazy, as_read=False)
     except ModelError as exc:
@@ -331,9 +331,12 @@ def _check_loaded(
     if lazy or not _has_external_data(proto):
         stripped = _stripped(proto, ranges or {}, lazy or {})
         if stripped is not None:
-            return _check_stripped(
-                _view(stripped, target) or stripped, lambda: _check_as_read(path, proto, as_read)
-            )
+            view = _view(stripped, target) or stripped
+            if lazy and not as_read:
+                # The data left in the file is not in ``proto``, and the file is not the
+                # model: the verdict on the placeholders is the one there is.
+                return check_by_path(view, CHECK_PLACEHOLDER, _check_path)
+            return _check_stripped(view, lambda: _check_as_read(path, proto, as_read))
     view = _view(proto, target)
     if view is None:
         return _check_as_read(path, proto, as_read)
