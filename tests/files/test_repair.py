@@ -462,3 +462,18 @@ def test_a_model_whose_weights_stay_in_the_file_is_repaired_and_checked(tmp_path
     onnx.save(model, source)  # repaired, then refused on the placeholders' check
     with pytest.raises(ModelError, match=r"fails the ONNX checker: .*'nowhere'"):
         load_model(source)
+
+
+def test_explain_and_plan_warn_of_the_repairs_too(tmp_path: Path):
+    source = tmp_path / "in.onnx"
+    onnx.save(_model(_relu_relu("a", "a")), source)
+    warning = "onnxfuse: warning: repaired: duplicate node name renamed, 'a' -> 'a_0'"
+    explained = run_cli("explain", str(source), "--rule", "relu-relu")
+    assert explained.returncode == 0, explained.stderr
+    assert explained.stderr.splitlines() == [warning]
+    assert "Relu 'a_0'" in explained.stdout
+    planned = run_cli("plan", str(source))
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stderr.splitlines() == [warning]
+    refused = run_cli("plan", str(source), "--dim", "nope=3")
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr

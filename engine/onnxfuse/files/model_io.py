@@ -331,12 +331,12 @@ def _check_loaded(
     if lazy or not _has_external_data(proto):
         stripped = _stripped(proto, ranges or {}, lazy or {})
         if stripped is not None:
-            view = _view(stripped, target) or stripped
+            checked = _view(stripped, target) or stripped
             if lazy and not as_read:
                 # The data left in the file is not in ``proto``, and the file is not the
                 # model: the verdict on the placeholders is the one there is.
-                return check_by_path(view, CHECK_PLACEHOLDER, _check_path)
-            return _check_stripped(view, lambda: _check_as_read(path, proto, as_read))
+                return check_by_path(checked, CHECK_PLACEHOLDER, _check_path)
+            return _check_stripped(checked, lambda: _check_as_read(path, proto, as_read))
     view = _view(proto, target)
     if view is None:
         return _check_as_read(path, proto, as_read)

@@ -36,7 +36,7 @@ accepts says "any rank"); and everything else the checker finds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import onnx
 import onnx_ir as ir
@@ -108,9 +108,9 @@ def _used_domains(proto: onnx.ModelProto) -> set[str]:
     return used
 
 
-def _walk_nodes(nodes: object) -> Iterator[onnx.NodeProto]:
+def _walk_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """Every node of ``nodes`` and of the graphs inside them."""
-    pending = [list(nodes)]  # type: ignore[call-overload]
+    pending = [list(nodes)]
     while pending:
         for node in pending.pop():
             yield node
@@ -144,10 +144,8 @@ def _drop_untyped_value_info(graph: onnx.GraphProto) -> list[Repair]:
 
 
 def _typed(info: onnx.ValueInfoProto) -> bool:
-    if not info.HasField("type") or info.type.WhichOneof("value") is None:
-        return False
-    kind = info.type.WhichOneof("value")
-    return kind != "tensor_type" or info.type.tensor_type.elem_type != 0
+    kind = info.type.WhichOneof("value") if info.HasField("type") else None
+    return kind is not None and (kind != "tensor_type" or info.type.tensor_type.elem_type != 0)
 
 
 def _name_nodes(graph: onnx.GraphProto) -> list[Repair]:
@@ -194,9 +192,7 @@ def repair_declarations(proto: onnx.ModelProto) -> list[Repair]:
     ModelError for a graph output whose repair a caller would see (module docstring)."""
     graph = proto.graph
     for value in graph.input:
-        if value.type.WhichOneof("value") == "tensor_type" and not value.type.tensor_type.HasField(
-            "shape"
-        ):
+        if value.type.WhichOneof("value") == "tensor_type" and not _has_shape(value.type):
             raise ModelError(
                 f"graph input '{value.name}' declares no shape: onnx's checker requires one, "
                 "and its rank is the model's to say"
@@ -244,10 +240,10 @@ def _repair_outputs(graph: onnx.GraphProto, computed: dict[str, onnx.TypeProto])
     for output in graph.output:
         found = computed.get(output.name)
         declared = output.type
-        if not _typed(output) or not declared.tensor_type.HasField("shape"):
+        if not _typed(output) or not _has_shape(declared):
             if declared.WhichOneof("value") not in (None, "tensor_type"):
                 continue  # a sequence or map: the checker requires no shape of it
-            if found is None or not found.tensor_type.HasField("shape"):
+            if found is None or not _has_shape(found):
                 raise ModelError(
                     f"graph output '{output.name}' declares no "
                     f"{'shape' if _typed(output) else 'type'} and inference finds none: "
@@ -304,7 +300,9 @@ def _computed_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
         for output in node.output
     }
     graph.value_info.extend(v for v in proto.graph.value_info if v.name in opaque)
-    graph.output.extend(onnx.ValueInfoProto(name=o.name) for o in proto.graph.output)
+    graph.output.extend(
+        o if o.name in opaque else onnx.ValueInfoProto(name=o.name) for o in proto.graph.output
+    )
     try:
         model = ir.from_proto(probe)
     except Exception:  # onnx_ir raises many types on malformed graphs: the checker says why
@@ -316,6 +314,10 @@ def _computed_types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
             if value.name and value.type is not None:
                 found[value.name] = _type_proto(value)
     return found
+
+
+def _has_shape(type_proto: onnx.TypeProto) -> bool:
+    return type_proto.tensor_type.HasField("shape")
 
 
 def _inferable(node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
