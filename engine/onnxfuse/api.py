@@ -19,6 +19,7 @@ from onnxfuse.files.input_files import INPUT_FILES_META, InputFiles
 from onnxfuse.files.model_io import check_model, load_model_and_types, save_model
 from onnxfuse.files.model_size import input_bytes, size_change
 from onnxfuse.files.output_paths import check_output, model_file, refuse_overwriting
+from onnxfuse.files.repair import repair_computed_outputs
 from onnxfuse.fold.spill import spilling
 from onnxfuse.graph.traversal import all_graphs
 from onnxfuse.language.packs import check_unique, load_builtin_packs, load_packs, resolve_packs
@@ -77,6 +78,7 @@ def optimize(
     result: Any
     if isinstance(model, ir.Model):
         report = pipeline.optimize(model, chosen, run_options)
+        report.repairs += repair_computed_outputs(model)
         record_layout_assumptions(model, resolved)
         check_model(model, resolved)
         result = model
@@ -152,6 +154,10 @@ def optimize_file(
             report = pipeline.optimize(
                 model, rules, options, inferred, final_inference=output is None
             )
+            try:
+                report.repairs += repair_computed_outputs(model)
+            except ModelError as exc:
+                raise ModelError(f"{source}: {exc}") from None
             record_layout_assumptions(model, target)
             try:
                 _write_or_check(model, source, output, target)

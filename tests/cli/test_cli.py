@@ -207,7 +207,7 @@ def test_a_text_format_model_is_checked_as_read(tmp_path):
     path = tmp_path / "ok.onnxtxt"
     path.write_text(
         '<ir_version: 8, opset_import: ["" : 17]>\n'
-        "g (float[1,4] x) => (float[1,4] y) {\n r = Relu (x)\n y = Relu (r)\n}\n"
+        "g (float[1,4] x) => (float[1,4] y) {\n [a] r = Relu (x)\n [b] y = Relu (r)\n}\n"
     )
     result = run_cli("optimize", str(path), "-o", str(tmp_path / "out.onnx"), "-q")
     assert result.returncode == 0 and result.stderr == "", result.stderr

@@ -41,7 +41,7 @@ def _weights() -> dict[str, np.ndarray]:
 
 def _identity_model(weights: dict[str, np.ndarray], ir_version: int = 8) -> onnx.ModelProto:
     """Each weight goes to its own output through Identity."""
-    nodes = [helper.make_node("Identity", [name], [f"{name}_out"]) for name in weights]
+    nodes = [helper.make_node("Identity", [name], [f"{name}_out"], name=name) for name in weights]
     outputs = [
         helper.make_tensor_value_info(
             f"{name}_out", helper.np_dtype_to_tensor_dtype(array.dtype), array.shape
@@ -125,8 +125,10 @@ def _conv_bn_model(channels: int = 64) -> onnx.ModelProto:
         for name in ("scale", "bn_b", "mean", "var")
     }
     nodes = [
-        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-        helper.make_node("BatchNormalization", ["c", "scale", "bn_b", "mean", "var"], ["y"]),
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node(
+            "BatchNormalization", ["c", "scale", "bn_b", "mean", "var"], ["y"], name="bn"
+        ),
     ]
     shape = [1, channels, 8, 8]
     graph = helper.make_graph(
@@ -253,14 +255,14 @@ def test_ir3_subgraph_and_external_data_models(tmp_path):
     # subgraph weights stay parsed
     proto = _identity_model(weights)
     inner = helper.make_graph(
-        [helper.make_node("Identity", ["sub_w"], ["t"])],
+        [helper.make_node("Identity", ["sub_w"], ["t"], name="inner")],
         "then",
         [],
         [helper.make_tensor_value_info("t", TensorProto.FLOAT, [BIG])],
         [numpy_helper.from_array(weights["w"] + 1, "sub_w")],
     )
     proto.graph.node.append(
-        helper.make_node("If", ["c"], ["z"], then_branch=inner, else_branch=inner)
+        helper.make_node("If", ["c"], ["z"], then_branch=inner, else_branch=inner, name="if")
     )
     proto.graph.initializer.append(numpy_helper.from_array(np.array(True), "c"))
     proto.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [BIG]))

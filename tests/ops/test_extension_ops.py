@@ -33,6 +33,7 @@ from onnxfuse.ops.extension import (
 )
 from onnxfuse.passes.normalize import normalize
 from onnxfuse.passes.pipeline import Options
+from onnxfuse.rewrite.report import REPAIRS_META
 from onnxfuse.targets.capabilities import load_target
 
 CPU = load_target("cpu")
@@ -226,18 +227,29 @@ def test_checking_reaches_past_the_extension_op(tmp_path):
         load_model(_save(model, tmp_path / "m.onnx"), target=CPU)
 
 
-def test_a_wrong_declared_type_after_the_extension_op_is_found(tmp_path):
+def test_a_wrong_declared_shape_of_the_extension_op_is_found_and_repaired(tmp_path):
     model = layer_norm_12(
         value_info=[helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3, 5])]
     )
-    with pytest.raises(ModelError, match="fails the ONNX checker"):
+    repairs = load_model(_save(model, tmp_path / "m.onnx"), target=CPU).meta[REPAIRS_META]
+    assert [str(r) for r in repairs if r.kind == "declared-vs-inferred"] == [
+        "repaired: value_info contradicting inference replaced (the inferred type wins), "
+        "'Y' float[2,3,5] -> float[2,3,4]"
+    ]
+
+
+def test_a_wrong_declared_output_type_after_the_extension_op_is_found(tmp_path):
+    model = layer_norm_12()
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.INT64
+    with pytest.raises(ModelError, match="graph output 'Z' is declared int64"):
         load_model(_save(model, tmp_path / "m.onnx"), target=CPU)
 
 
 def test_errors_after_the_extension_op_are_still_reported(tmp_path):
     # onnx stops reporting inference errors after an op it has no schema for: the
     # view registers onnxruntime's schema for the private domain, so this Relu's
-    # declared shape conflict (independent of the LayerNormalization) is found.
+    # declared shape conflict (independent of the LayerNormalization) is found, and
+    # repaired.
     model = _model(
         [
             helper.make_node("LayerNormalization", ["X", "scale", "bias"], ["Y"]),
@@ -246,8 +258,10 @@ def test_errors_after_the_extension_op_are_still_reported(tmp_path):
         ],
         value_info=[helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 3, 5])],
     )
-    with pytest.raises(ModelError, match="existing shape differ"):
-        load_model(_save(model, tmp_path / "m.onnx"), target=CPU)
+    repairs = load_model(_save(model, tmp_path / "m.onnx"), target=CPU).meta[REPAIRS_META]
+    assert [r.places for r in repairs if r.kind == "declared-vs-inferred"] == [
+        ("'A' float[2,3,5] -> float[2,3,4]",)
+    ]
 
 
 def test_the_extension_node_itself_is_checked_against_its_schema(tmp_path):

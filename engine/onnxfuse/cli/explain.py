@@ -19,7 +19,9 @@ def add_explain_command(sub: argparse._SubParsersAction) -> None:
 
 def _run_explain(args: argparse.Namespace) -> int:
     from onnxfuse import api
+    from onnxfuse.cli.report import warn_repairs
     from onnxfuse.files.model_io import load_model
+    from onnxfuse.rewrite.report import REPAIRS_META
     from onnxfuse.targets.capabilities import load_target
 
     target = load_target(args.target)
@@ -40,4 +42,5 @@ def _run_explain(args: argparse.Namespace) -> int:
             )
             verdict = "matches" if item.matched else f"no match: {item.reason}"
             print(f"{prefix}{where}: {verdict}")
+    warn_repairs(model.meta.get(REPAIRS_META, ()))  # the node names above may be new ones
     return 0

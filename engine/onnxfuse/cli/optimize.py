@@ -54,7 +54,7 @@ def add_optimize_command(sub: argparse._SubParsersAction) -> None:
 
 def _run_optimize(args: argparse.Namespace) -> int:
     from onnxfuse import api
-    from onnxfuse.cli.report import format_report
+    from onnxfuse.cli.report import format_report, warn_repairs
     from onnxfuse.files.output_paths import (
         check_distinct,
         check_output,
@@ -100,6 +100,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
         _write_json(args.report_json, report.to_json())
     if not args.quiet:
         print(format_report(report, str(model_path), args.output))
+    warn_repairs(report.repairs)
     if report.stopped:
         print(f"onnxfuse: warning: {report.stopped}", file=sys.stderr)
     return 0

@@ -58,6 +58,7 @@ def parse_dims(items: list[str]) -> dict[str, int]:
 
 def run_plan(args: argparse.Namespace) -> int:
     # Imported here: onnxruntime is slow to import and other commands do not need it.
+    from onnxfuse.cli.report import warn_repairs
     from onnxfuse.files.input_files import INPUT_FILES_META
     from onnxfuse.files.model_io import load_model, save_model
     from onnxfuse.files.output_paths import check_distinct, check_output, refuse_overwriting
@@ -65,6 +66,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from onnxfuse.planner.checker import check_plan
     from onnxfuse.planner.embed import embed_plan
     from onnxfuse.planner.plan import plan_model
+    from onnxfuse.rewrite.report import REPAIRS_META
 
     dims = parse_dims(args.dim)
     check_distinct({"-o": args.output, "--embed": args.embed})
@@ -90,8 +92,10 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.embed:
         embedded, _ = embed_plan(model, plan)
         save_model(embedded, args.embed, inputs=inputs)
-    if args.verify:
-        result = verify_plan(model, plan)
+    result = verify_plan(model, plan) if args.verify else None
+    # Once nothing can fail: an error stays one line.
+    warn_repairs(model.meta.get(REPAIRS_META, ()))
+    if result is not None:
         diffs = json.dumps(result.max_abs_diff)
         if not result.ok:
             print(f"verify: MISMATCH on {', '.join(result.mismatched)} (max abs diff {diffs})")

@@ -1,12 +1,22 @@
-"""The terminal report of an optimization run."""
+"""The terminal report of an optimization run, and the warnings of a model's repairs."""
 
 from __future__ import annotations
 
-from onnxfuse.rewrite.report import Report
+import sys
+from collections.abc import Iterable
+
+from onnxfuse.rewrite.report import Repair, Report
+
+
+def warn_repairs(repairs: Iterable[Repair]) -> None:
+    """One line on stderr per repair made in the model as read."""
+    for repair in repairs:
+        print(f"onnxfuse: warning: {repair}", file=sys.stderr)
 
 
 def format_report(report: Report, source: str, output: str | None) -> str:
     lines = [f"onnxfuse optimize {source}"]
+    lines.extend(f"  {repair}" for repair in report.repairs)
     fired = [(name, s) for name, s in report.rules.items() if s.matched or s.applied]
     if fired:
         width = max(len(name) for name, _ in fired)

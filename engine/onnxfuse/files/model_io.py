@@ -34,6 +34,7 @@ from onnxfuse.files.input_files import (
     input_files,
 )
 from onnxfuse.files.output_paths import check_output, refuse_overwriting, temporary_prefix
+from onnxfuse.files.repair import record, repair_declarations, repair_structure
 from onnxfuse.files.source_weights import LazyEntry, SourceFile, SourceTensor, split_weights
 from onnxfuse.files.wire import ITEMSIZE, GraphScan, initializer_ranges, scan_graph
 from onnxfuse.files.writer import (
@@ -138,7 +139,16 @@ def _load(
     if wrong_size is not None:
         raise ModelError(f"{path}: {wrong_size}")
     try:
+        # Names and opset imports are nothing the checker reads: the file's verdict stands.
+        repairs = repair_structure(proto)
         failure = _check_loaded(path, proto, target, ranges, lazy) if check else None
+        if failure is not None:
+            found = repair_declarations(proto)
+            if found:  # the file is no longer the model: the protobuf is checked
+                repairs += found
+                failure = _check_loaded(path, proto, target, ranges, lazy, as_read=False)
+    except ModelError as exc:
+        raise ModelError(f"{path}: {exc}") from None
     except OSError as exc:
         raise ModelError(f"{path}: cannot check the model ({_first_line(exc)})") from None
     inferred = None
@@ -157,6 +167,7 @@ def _load(
         failure = _failure_once_sorted(model, failure, target)
     if failure is not None:
         raise ModelError(f"{path}: fails the ONNX checker: {failure}")
+    record(model, repairs)
     external = external_tensors(model)
     problem = external_data_problem(path, external)
     if problem is not None:
@@ -309,21 +320,26 @@ def _check_loaded(
     target: Target | None,
     ranges: dict[str, tuple[int, int, int, int]] | None = None,
     lazy: dict[str, LazyEntry] | None = None,
+    as_read: bool = True,
 ) -> str | None:
     """The checker's first complaint about the model at ``path`` (loaded as ``proto``
     without its external data), or None. ``ranges``: where ``proto``'s initializers lie
     in the file it was just parsed from (``protobuf_wire.initializer_ranges``); ``lazy``:
-    its initializers whose raw data was left in the file (``split_weights``)."""
+    its initializers whose raw data was left in the file (``split_weights``). ``as_read``:
+    False when ``proto`` was changed since (repaired): the file is then not checked."""
     # A split parse (``lazy``) is only kept for a model without external data: no walk.
     if lazy or not _has_external_data(proto):
         stripped = _stripped(proto, ranges or {}, lazy or {})
         if stripped is not None:
-            return _check_stripped(
-                _view(stripped, target) or stripped, lambda: _check_as_read(path, proto)
-            )
+            checked = _view(stripped, target) or stripped
+            if lazy and not as_read:
+                # The data left in the file is not in ``proto``, and the file is not the
+                # model: the verdict on the placeholders is the one there is.
+                return check_by_path(checked, CHECK_PLACEHOLDER, _check_path)
+            return _check_stripped(checked, lambda: _check_as_read(path, proto, as_read))
     view = _view(proto, target)
     if view is None:
-        return _check_as_read(path, proto)
+        return _check_as_read(path, proto, as_read)
     if not _has_external_data(view):
         return _check_proto(view)
     # External data is found next to the model file: check the view from there.
@@ -339,11 +355,11 @@ def _view(proto: onnx.ModelProto, target: Target | None) -> onnx.ModelProto | No
     return view
 
 
-def _check_as_read(path: Path, proto: onnx.ModelProto) -> str | None:
+def _check_as_read(path: Path, proto: onnx.ModelProto, as_read: bool = True) -> str | None:
     """Check the model read from ``path`` as ``proto``: by path (handles models over
     2 GB with external data), but from memory for a text format, which the checker
-    would read as binary protobuf."""
-    if _format(path) == "protobuf":
+    would read as binary protobuf, or for a ``proto`` changed since (not ``as_read``)."""
+    if as_read and _format(path) == "protobuf":
         return _check_path(path)
     return _check_beside(path, proto) if _has_external_data(proto) else _check_proto(proto)
 

@@ -26,7 +26,7 @@ from onnxfuse.passes.normalize import NormalizePass, adopt_ir4_initializers
 from onnxfuse.passes.rewrite import FoldPass, RewritePass
 from onnxfuse.passes.state import RunState
 from onnxfuse.rewrite.driver import DEFAULT_MAX_ITERATIONS, Limits, MatcherCache
-from onnxfuse.rewrite.report import Report, RuleStats
+from onnxfuse.rewrite.report import REPAIRS_META, Report, RuleStats
 from onnxfuse.targets.capabilities import Target
 
 
@@ -98,6 +98,7 @@ def optimize(
     started = time.perf_counter()
     report = Report(nodes_before=count_nodes(model), ops_before=op_histogram(model))
     report.rules = {rule.name: RuleStats() for rule in rules}
+    report.repairs = list(model.meta.get(REPAIRS_META, ()))  # made when it was read
     adopt_ir4_initializers(model)  # before the interface is read: those inputs go
     interface = _interface(model)
     if options.dequantize:

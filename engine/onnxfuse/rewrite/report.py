@@ -1,4 +1,5 @@
-"""What a run did: per-rule counts, node counts, and why rewriting stopped early."""
+"""What a run did: per-rule counts, node counts, why rewriting stopped early, and what
+was repaired in the model as read."""
 
 from __future__ import annotations
 
@@ -41,6 +42,35 @@ class StopReason:
         }
 
 
+# The model's meta entry holding the Repairs made when it was read (files/repair.py).
+REPAIRS_META = "onnxfuse.repairs"
+# Places a repair's one line names before "and N more"; the JSON lists them all.
+_PLACES_SHOWN = 3
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A defect of the model as read that onnxruntime runs through, mended: ``kind`` to
+    match on, ``what`` was done, ``places`` it was done at (values, nodes, opsets)."""
+
+    kind: str
+    what: str
+    places: tuple[str, ...]
+
+    def __str__(self) -> str:
+        shown = ", ".join(self.places[:_PLACES_SHOWN])
+        more = len(self.places) - _PLACES_SHOWN
+        return f"repaired: {self.what}, {shown}" + (f" and {more} more" if more > 0 else "")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "what": self.what,
+            "places": list(self.places),
+            "message": str(self),
+        }
+
+
 @dataclass
 class RuleStats:
     matched: int = 0
@@ -67,6 +97,7 @@ class Report:
     bytes_before: int | None = None
     bytes_after: int | None = None
     larger_because: list[str] = field(default_factory=list)
+    repairs: list[Repair] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -92,4 +123,5 @@ class Report:
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
             "larger_because": self.larger_because,
+            "repairs": [repair.to_json() for repair in self.repairs],
         }
