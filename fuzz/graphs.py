@@ -1507,6 +1507,44 @@ def s_if(b: Builder, x: Val | None = None, same: bool = False) -> Val:
     return b.op("If", [cond], x.dtype, x.shape, then_branch=branches[0], else_branch=branches[1])
 
 
+def s_loop(b: Builder, x: Val | None = None, same: bool = False) -> Val:
+    """A Loop of a constant 0, 1 or 2 trips carrying a value through rule sources,
+    sometimes scanning it out too: folded where it runs its body at most once."""
+    b.root.steps.append("loop")
+    x = x or operand(b, (F32, F64), 0, 4)
+    trips = b.choice([0, 1, 1, 2])
+    count = b.scalar(trips, I64, override_ok=False)
+    sub = b.child()
+    iteration = Val(b.fresh("iter"), I64, ())
+    cond_in = Val(b.fresh("cond"), BOOL, ())
+    carried_in = Val(b.fresh("carried"), x.dtype, x.shape)
+    y = carried_in
+    for _ in range(b.int(1, 2)):
+        usable = [(n, f) for n, f, ok in SAME_STEPS if ok(y)]
+        _, step = usable[b.int(0, len(usable) - 1)]
+        y = step(sub, y, same=True)
+    cond_out = sub.op("Identity", [cond_in], BOOL, ())
+    outputs = [cond_out, y]
+    scan = trips > 0 and b.flag(0.4)
+    if scan:
+        outputs.append(sub.op("Identity", [y], y.dtype, y.shape))
+    graph = helper.make_graph(
+        sub.nodes,
+        f"body_{b.fresh('g')}",
+        [
+            helper.make_tensor_value_info(v.name, elem_type(v.dtype), list(v.shape))
+            for v in (iteration, cond_in, carried_in)
+        ],
+        [helper.make_tensor_value_info(v.name, elem_type(v.dtype), list(v.shape)) for v in outputs],
+        sub.inits,
+    )
+    names = b.node("Loop", [count.name, "", x.name], 1 + scan, body=graph)
+    result = b.add(names[0], x.dtype, x.shape)
+    if scan:
+        b.add(names[1], x.dtype, (trips, *x.shape))
+    return result
+
+
 def _symbolic_input(b: Builder) -> Val:
     """A graph input whose first dim (and maybe others) is symbolic, as exports declare
     a dynamic batch or sequence."""
@@ -1694,6 +1732,7 @@ STEPS: list[tuple[str, Callable[..., Val], int]] = [
     ("cast", s_cast, 2),
     ("if", s_if, 2),
     ("shape_chain", s_shape_chain, 2),
+    ("loop", s_loop, 1),
     ("function", s_function, 1),
     ("duplicate", s_duplicate, 1),
 ]

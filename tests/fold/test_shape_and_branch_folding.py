@@ -263,3 +263,72 @@ def test_a_weight_only_the_branch_not_taken_read_goes():
     assert np.array_equal(numpy_helper.to_array(weights[0]), expected)
     x = np.random.default_rng(1).standard_normal((2, 48)).astype(np.float32)
     assert np.array_equal(run(optimized, {"x": x})[0], run(model, {"x": x})[0])
+
+
+def _loop_model(trips: int, scan: bool, condition: str = "") -> onnx.ModelProto:
+    """A Loop accumulating acc += x * (i + 1) for `trips` iterations, maybe scanning acc
+    out, and a value read through it (an outer-scope x)."""
+    outputs = [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, [])]
+    outputs.append(helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2]))
+    nodes = [
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        helper.make_node("Cast", ["i"], ["fi"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["fi", "one"], ["step"]),
+        helper.make_node("Mul", ["x", "step"], ["scaled"]),
+        helper.make_node("Add", ["acc_in", "scaled"], ["acc_out"]),
+    ]
+    if scan:
+        nodes.append(helper.make_node("Neg", ["acc_out"], ["scanned"]))
+        outputs.append(helper.make_tensor_value_info("scanned", TensorProto.FLOAT, [2]))
+    body = helper.make_graph(
+        nodes,
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [2]),
+        ],
+        outputs,
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one")],
+    )
+    loop_outputs = ["acc"] + (["stack"] if scan else [])
+    graph_outputs = [tensor_input("acc", [2])]
+    if scan:
+        graph_outputs.append(tensor_input("stack", [trips, 2]))
+    inits = [
+        numpy_helper.from_array(np.array(trips, np.int64), "M"),
+        numpy_helper.from_array(np.zeros(2, np.float32), "acc0"),
+        numpy_helper.from_array(np.array(True), "yes"),
+    ]
+    return make_model(
+        [helper.make_node("Loop", ["M", condition, "acc0"], loop_outputs, body=body)],
+        [tensor_input("x", [2])],
+        graph_outputs,
+        inits,
+    )
+
+
+@pytest.mark.parametrize(
+    ("trips", "scan", "condition"),
+    [(1, False, ""), (1, True, ""), (1, True, "yes"), (0, False, ""), (0, False, "yes")],
+)
+def test_a_loop_of_zero_or_one_trips_is_what_it_computes(trips, scan, condition):
+    model = _loop_model(trips, scan, condition)
+    _, optimized = optimize_proto(model, [])
+    assert "Loop" not in _ops(optimized)
+    assert [o.name for o in optimized.graph.output] == [o.name for o in model.graph.output]
+    x = np.array([0.5, -2.0], np.float32)
+    for got, want in zip(run(optimized, {"x": x}), run(model, {"x": x})):
+        assert got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(("trips", "scan"), [(2, False), (0, True)])
+def test_other_loops_stay(trips, scan):
+    """Two trips run the body twice; no trip with a scan output leaves an empty tensor
+    whose element shape only running tells: both stay Loops."""
+    model = _loop_model(trips, scan)
+    _, optimized = optimize_proto(model, [])
+    assert "Loop" in _ops(optimized)
+    x = np.array([0.5, -2.0], np.float32)
+    for got, want in zip(run(optimized, {"x": x}), run(model, {"x": x})):
+        assert np.array_equal(got, want)

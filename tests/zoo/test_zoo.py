@@ -74,8 +74,6 @@ KNOWN_GAPS: dict[str, str] = {
         "The int8 weights stay int8 (Cast + Mul, as onnxscript keeps them; folding them "
         "would store 90 MB of float32), and the attention and Gemm rules need constant weights"
     ),
-    "oww-hey-jarvis": "21 vs ORT ext 19: Gemm + Sigmoid stay two nodes (FusedGemm), twice",
-    "oww-hey-mycroft": "9 vs ORT ext 8: Gemm + Sigmoid stay two nodes (FusedGemm)",
 }
 
 

@@ -4,7 +4,8 @@ Values are computed with onnx's reference evaluator, one node at a time, at the 
 own opset. ``Shape`` and ``Size`` of a value whose shape is fully known fold too, and so
 does any shape computation whose elements are all known (``language.symbolic``), though
 a dimension elsewhere in the shape is not. An ``If`` of a constant condition is replaced
-by the branch it takes, and an ``Identity`` of a weight by the weight itself (no copy).
+by the branch it takes, a ``Loop`` of a constant 0 or 1 trips by what it computes
+(``fold.branches``), and an ``Identity`` of a weight by the weight itself (no copy).
 Outputs above a size limit are left as nodes. Inside a ``spill.spilling`` context, large
 results become external tensors in a temporary file, and external weights a fold read
 are unmapped after it. A fold of uniform values (fills) is computed on one element
@@ -115,8 +116,8 @@ class Folder:
         graph = node.graph
         if graph is None or node.domain != "":
             return False
-        if node.op_type == "If" and self._batch is None:
-            return self._fold_if(node)
+        if node.op_type in ("If", "Loop") and self._batch is None:
+            return self._fold_control_flow(node)
         if node.op_type in _NEVER_FOLD:
             return False
         if node.op_type == "Identity" and self._batch is None and _alias_initializer(node):
@@ -258,10 +259,14 @@ class Folder:
         array = np.array(items, dtype=output.dtype.numpy())
         return [array.reshape(()) if rank == 0 else array]
 
-    def _fold_if(self, node: ir.Node) -> bool:
-        """An If of a constant condition becomes the branch it takes; the branch's nodes
-        then fold in its place."""
-        moved = branches.inline_taken_branch(node, self._input_tensor, self.names)
+    def _fold_control_flow(self, node: ir.Node) -> bool:
+        """An If of a constant condition becomes the branch it takes, a Loop of a constant
+        0 or 1 trips what it computes; the nodes moved in then fold in its place."""
+        if node.op_type == "If":
+            moved = branches.inline_taken_branch(node, self._input_tensor, self.names)
+        else:
+            opset = self.context.opsets.get("", 21)
+            moved = branches.inline_decided_loop(node, self._input_tensor, self.names, opset)
         if moved is None:
             return False
         self.folded += 1
