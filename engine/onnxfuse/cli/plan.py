@@ -12,6 +12,9 @@ from onnxfuse.planner.strategies import STRATEGIES
 if TYPE_CHECKING:
     from onnxfuse.planner.plan import Plan
 
+# Traced shapes named in the summary; the plan's JSON has them all.
+_LISTED = 8
+
 
 def add_plan_command(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -25,7 +28,25 @@ def add_plan_command(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="bind a symbolic dim (repeatable)",
+        help=(
+            "bind a symbolic dim, by its name (dims written as expressions of it follow) "
+            "or as TENSOR:AXIS for a dim the model does not name (repeatable)"
+        ),
+    )
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="NAME=D1,D2,...",
+        help="give a graph input its whole shape, its dims named or not (repeatable)",
+    )
+    p.add_argument(
+        "--trace-shapes",
+        action="store_true",
+        help=(
+            "run the model once on seeded inputs to measure the shapes static inference "
+            "cannot give (NonZero counts, ...): the plan holds for runs of those shapes"
+        ),
     )
     p.add_argument("--strategy", default="search", help=f"one of: {', '.join(STRATEGIES)}")
     p.add_argument("--align", type=int, default=64, metavar="BYTES", help="default 64")
@@ -49,11 +70,31 @@ def add_plan_command(subparsers: argparse._SubParsersAction) -> None:
 def parse_dims(items: list[str]) -> dict[str, int]:
     dims = {}
     for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value.strip().isdigit() or not 0 < int(value) < 2**63:
+        # The value is digits: a dim or tensor name may itself hold "=".
+        name, sep, value = item.rpartition("=")
+        if not sep or not name or not _positive(value):
             raise OnnxfuseError(f"--dim expects NAME=VALUE with a positive integer, not {item!r}")
         dims[name] = int(value)
     return dims
+
+
+def parse_input_shapes(items: list[str]) -> dict[str, list[int]]:
+    shapes: dict[str, list[int]] = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        values = dims.split(",") if dims else []  # NAME= gives a scalar
+        if not sep or not name or not all(_positive(v) for v in values):
+            raise OnnxfuseError(
+                f"--input-shape expects NAME=D1,D2,... with positive integers, not {item!r}"
+            )
+        if name in shapes:
+            raise OnnxfuseError(f"--input-shape {name} is given twice")
+        shapes[name] = [int(v) for v in values]
+    return shapes
+
+
+def _positive(text: str) -> bool:
+    return text.strip().isdigit() and 0 < int(text) < 2**63
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -69,6 +110,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from onnxfuse.rewrite.report import REPAIRS_META
 
     dims = parse_dims(args.dim)
+    input_shapes = parse_input_shapes(args.input_shape)
     check_distinct({"-o": args.output, "--embed": args.embed})
     outputs = [p for p in (args.output, args.embed) if p is not None]
     for output in outputs:
@@ -84,6 +126,8 @@ def run_plan(args: argparse.Namespace) -> int:
         inplace=not args.no_inplace,
         schedule=args.schedule,
         fold_constants=not args.keep_constants,
+        input_shapes=input_shapes,
+        trace_shapes=args.trace_shapes,
     )
     check_plan(plan, model)
     print(summary(plan))
@@ -118,6 +162,12 @@ def summary(plan: Plan) -> str:
     ):
         share = f"{arena / value:.4f}" if value else "n/a"
         lines.append(f"{label:<12} {value:>14,} bytes  {ratio:<11} {share}")
+    if plan.traced:
+        shapes = {t.name: t.shape for t in plan.entries()}
+        named = [name for name in plan.traced[:_LISTED] if name in shapes]
+        listed = ", ".join(f"{name} {shapes[name]}" for name in named)
+        more = f", ... ({len(plan.traced) - _LISTED} more)" if len(plan.traced) > _LISTED else ""
+        lines.append(f"from the traced run: {len(plan.traced)} shapes ({listed}{more})")
     if plan.schedule == "memory":
         lines.append(
             f"scheduling lowered the peak from {plan.graph_order_lower_bound_bytes:,} bytes "

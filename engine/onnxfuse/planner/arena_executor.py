@@ -20,6 +20,7 @@ import onnxruntime as ort
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.planner.lifetimes import used_values
 from onnxfuse.planner.plan import ListedTensor, Plan, PlannedTensor, tensor_info
+from onnxfuse.planner.trace import random_inputs
 from onnxfuse.support.ir_types import value_name
 
 # Tolerances against the whole-model run (which may fuse ops and round differently).
@@ -157,26 +158,8 @@ class ArenaExecutor:
 
 
 def random_feeds(model: ir.Model, plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs: normal floats, 0/1 integers (valid as indices), random bools.
-
-    An input that is also an initializer (an overridable default) gets its default.
-    """
-    rng = np.random.default_rng(seed)
-    initializers = model.graph.initializers
-    feeds = {}
-    for t in plan.inputs:
-        default = initializers[t.name].const_value if t.name in initializers else None
-        if default is not None:
-            feeds[t.name] = default.numpy()
-            continue
-        dtype = tensor_info(t).dtype.numpy()
-        if np.issubdtype(dtype, np.floating):
-            feeds[t.name] = rng.standard_normal(t.shape).astype(dtype)
-        elif dtype == np.bool_:
-            feeds[t.name] = rng.random(t.shape) < 0.5
-        else:
-            feeds[t.name] = rng.integers(0, 2, t.shape).astype(dtype)
-    return feeds
+    """The seeded inputs a traced run uses too (``planner.trace.random_inputs``)."""
+    return random_inputs(model, [(t.name, tensor_info(t)) for t in plan.inputs], seed)
 
 
 def verify_plan(

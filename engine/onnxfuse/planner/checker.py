@@ -26,11 +26,12 @@ def check_plan(plan: Plan, model: ir.Model | None = None) -> None:
     """Raise PlanError naming the first problem found, if any.
 
     With ``model``, the lifetimes are recomputed from the model (with the plan's
-    dims and order) instead of trusting the plan's own first and last steps.
+    dims, input shapes and order) instead of trusting the plan's own first and last
+    steps; a shape the plan says a traced run gave is taken from the plan.
     """
     lifetimes = None
     if model is not None:
-        infos = infer_tensor_infos(model, plan.dims)
+        infos = infer_tensor_infos(model, plan.bindings())
         order = [s.node for s in plan.steps]
         lifetimes = compute_lifetimes(model, infos, order, plan.fold_constants)
     problems = plan_problems(plan, lifetimes)

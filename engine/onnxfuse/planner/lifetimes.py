@@ -9,18 +9,20 @@ import onnx
 import onnx_ir as ir
 
 from onnxfuse.errors import ModelError
-from onnxfuse.planner.shapes import TensorInfo
+from onnxfuse.planner.tensor_info import TensorInfo
 from onnxfuse.support.ir_types import value_name
 
 # Ops whose output differs between runs: never evaluated ahead of time.
-_NONDETERMINISTIC = {
-    "Bernoulli",
-    "Multinomial",
-    "RandomNormal",
-    "RandomNormalLike",
-    "RandomUniform",
-    "RandomUniformLike",
-}
+NONDETERMINISTIC = frozenset(
+    {
+        "Bernoulli",
+        "Multinomial",
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def foldable_nodes(model: ir.Model) -> list[ir.Node]:
     known = constant_values(model)
     folded = []
     for node in model.graph:
-        if node.op_type in _NONDETERMINISTIC and node.domain in ("", "ai.onnx"):
+        if node.op_type in NONDETERMINISTIC and node.domain in ("", "ai.onnx"):
             continue
         if all(v in known for v in used_values(node)):
             folded.append(node)
@@ -145,9 +147,9 @@ def compute_lifetimes(
         found = info(value, role)
         return Listed(value_name(value), found)
 
+    # In execution order, so that an error names the first tensor that cannot be sized.
     consts = constant_values(model)
     inputs = [listed(v, "input") for v in graph.inputs if v not in consts]
-    outputs = [listed(v, "output") for v in graph.outputs]
     initializers = [listed(v, "initializer") for v in graph.initializers.values()]
     constants = [Listed(v.name, info(v, "constant")) for n in folded for v in n.outputs if v.name]
     graph_outputs = set(graph.outputs)
@@ -160,12 +162,16 @@ def compute_lifetimes(
                 tensors[value].last = step
         for value in node.outputs:
             # An omitted optional output has no name and needs no memory.
-            if not value.name or value in graph_outputs:
+            if not value.name:
+                continue
+            if value in graph_outputs:
+                info(value, "output")
                 continue
             if value not in read and _is_optional_output(model, node, value.index() or 0):
                 omitted.append(value.name)
             else:
                 tensors[value] = Lifetime(value.name, info(value, "tensor"), step, step)
+    outputs = [listed(v, "output") for v in graph.outputs]
     return Lifetimes(
         steps=steps,
         step_nodes=list(order),

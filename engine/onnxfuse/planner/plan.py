@@ -5,21 +5,25 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
 
-from onnxfuse.errors import OnnxfuseError, creating
+from onnxfuse.errors import ModelError, OnnxfuseError, creating
 from onnxfuse.files.output_paths import check_output, temporary_prefix
 from onnxfuse.planner.baselines import naive_bytes, ort_policy_bytes
+from onnxfuse.planner.bindings import Bindings
 from onnxfuse.planner.inplace import find_inplace, make_blocks
-from onnxfuse.planner.lifetimes import Lifetimes, Listed, compute_lifetimes
+from onnxfuse.planner.lifetimes import Lifetimes, Listed, compute_lifetimes, constant_values
 from onnxfuse.planner.schedule import candidate_orders
-from onnxfuse.planner.shapes import TensorInfo, infer_tensor_infos
+from onnxfuse.planner.shapes import infer_tensor_infos
 from onnxfuse.planner.strategies import get_strategy, lower_bound
+from onnxfuse.planner.tensor_info import TensorInfo
+from onnxfuse.planner.trace import random_inputs, trace_shapes
+from onnxfuse.support.ir_types import value_name
 
 FORMAT = "onnxfuse.memory_plan"
 VERSION = 1
@@ -76,6 +80,27 @@ class Plan:
     initializers: list[ListedTensor] = field(default_factory=list)
     constants: list[ListedTensor] = field(default_factory=list)
     omitted: list[str] = field(default_factory=list)  # unread optional outputs, not produced
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)  # --input-shape
+    traced: list[str] = field(default_factory=list)  # tensors whose shapes a traced run gave
+
+    def entries(self) -> list[PlannedTensor | ListedTensor]:
+        """Every tensor the plan sizes: placed, or listed outside the arena."""
+        return [
+            *self.tensors,
+            *self.inputs,
+            *self.outputs,
+            *self.initializers,
+            *self.constants,
+        ]
+
+    def bindings(self) -> Bindings:
+        """What fixed this plan's shapes, to infer them again (the checker does)."""
+        infos = {t.name: tensor_info(t) for t in self.entries()}
+        return Bindings(
+            self.dims,
+            {name: tuple(shape) for name, shape in self.input_shapes.items()},
+            {name: infos[name] for name in self.traced if name in infos},
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -130,13 +155,16 @@ def plan_model(
     inplace: bool = True,
     schedule: bool = False,
     fold_constants: bool = True,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    trace_shapes: bool = False,
 ) -> Plan:
     """Plan one arena for the intermediates of ``model`` (which is not modified).
 
-    ``dims`` binds symbolic dims; ``schedule`` reorders nodes to lower the peak
-    of live bytes first; ``fold_constants`` keeps values computed from
-    constants only (e.g. ConstantOfShape weights) out of the arena, like
-    initializers.
+    ``dims`` binds symbolic dims by name (or ``TENSOR:AXIS``) and ``input_shapes``
+    gives inputs their whole shapes; ``trace_shapes`` runs the model once to measure
+    what static inference cannot size. ``schedule`` reorders nodes to lower the peak
+    of live bytes first; ``fold_constants`` keeps values computed from constants
+    only (e.g. ConstantOfShape weights) out of the arena, like initializers.
     """
     place = get_strategy(strategy)
     if not 0 < alignment <= _MAX_ALIGNMENT:
@@ -144,7 +172,13 @@ def plan_model(
             f"alignment must be a number of bytes from 1 to {_MAX_ALIGNMENT}, not {alignment}"
         )
     dims = dict(dims or {})
-    infos = infer_tensor_infos(model, dims)
+    shapes = {name: list(shape) for name, shape in (input_shapes or {}).items()}
+    bindings = Bindings(dims, {name: tuple(shape) for name, shape in shapes.items()})
+    infos = infer_tensor_infos(model, bindings)
+    traced: dict[str, TensorInfo] = {}
+    if trace_shapes and not all(isinstance(info, TensorInfo) for info in infos.values()):
+        traced = _traced(model, infos)
+        infos = infer_tensor_infos(model, replace(bindings, traced=traced))
     lifetimes = compute_lifetimes(model, infos, fold_constants=fold_constants)
     best_bound = graph_bound = _bound(lifetimes, inplace, alignment)
     chosen = "graph"
@@ -192,7 +226,35 @@ def plan_model(
         initializers=_listed(lifetimes.initializers),
         constants=_listed(lifetimes.constants),
         omitted=lifetimes.omitted,
+        input_shapes=shapes,
+        traced=sorted(traced),
     )
+
+
+def _traced(model: ir.Model, infos: Mapping[str, TensorInfo | str]) -> dict[str, TensorInfo]:
+    """The shapes of a traced run for the tensors static inference could not size; where
+    it did size one, the run must agree (else the plan would not hold for this run)."""
+    consts = constant_values(model)
+    inputs = []
+    for value in model.graph.inputs:
+        name = value_name(value)
+        info = infos.get(name)
+        if value in consts:
+            continue
+        if not isinstance(info, TensorInfo):
+            raise ModelError(f"input {name!r} {info or 'has no type or shape'}")
+        inputs.append((name, info))
+    traced = {}
+    for name, found in trace_shapes(model, random_inputs(model, inputs)).items():
+        static = infos.get(name)
+        if not isinstance(static, TensorInfo):
+            traced[name] = found
+        elif static != found:
+            raise ModelError(
+                f"tensor {name!r}: shape inference gives {static.dtype.name} {list(static.shape)} "
+                f"but onnxruntime computed {found.dtype.name} {list(found.shape)}"
+            )
+    return traced
 
 
 def tensor_info(t: PlannedTensor | ListedTensor) -> TensorInfo:

@@ -1,77 +1,116 @@
-"""Concrete dtype and shape of every main-graph value, from shape inference with bound dims."""
+"""Concrete dtype and shape of every main-graph value, with the dims bound."""
 
 from __future__ import annotations
-
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
 
 from onnxfuse.errors import ModelError
-from onnxfuse.support.ir_types import tensor_shape, value_name
-
-# Initializers larger than this are passed to shape inference as typed inputs without
-# their data: shape inference only needs the small ones (shapes, axes) as values.
-_SMALL_INITIALIZER_BYTES = 1024
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A tensor's element type and concrete shape."""
-
-    dtype: ir.DataType
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        # Sub-byte types (int4, float4) pack two elements a byte: round up.
-        return math.ceil(self.dtype.itemsize * math.prod(self.shape))
+from onnxfuse.planner.bindings import (
+    Bindings,
+    Resolved,
+    bind_model,
+    dim_name,
+    graph_inputs,
+    main_values,
+    resolve,
+)
+from onnxfuse.planner.dim_expressions import DimExpression
+from onnxfuse.planner.static_shapes import concrete_shape, light_clone, static_types
+from onnxfuse.planner.tensor_info import TensorInfo
+from onnxfuse.support.ir_types import value_name
 
 
-def symbolic_dims(model: ir.Model) -> set[str]:
-    """Names of the symbolic dims on the main graph's values."""
-    names: set[str] = set()
-    for value in _main_values(model.graph):
-        if value.shape is not None:
-            names.update(d.value for d in value.shape if isinstance(d, ir.SymbolicDim) and d.value)
-    return names
+def infer_tensor_infos(model: ir.Model, bindings: Bindings) -> dict[str, TensorInfo | str]:
+    """The dtype and concrete shape of every main-graph value, with ``bindings`` bound.
 
-
-def infer_tensor_infos(model: ir.Model, dims: Mapping[str, int]) -> dict[str, TensorInfo | str]:
-    """Run onnx shape inference on a copy of ``model`` with ``dims`` bound.
-
-    Returns, for every main-graph value, its TensorInfo or, when not fully known,
-    a one-line reason (used to name the tensor in the error only if it matters).
-    The caller's model is not modified.
+    Returns, for every value, its TensorInfo or, when it is not fully known, a reason
+    (used to name the tensor in the error only if it matters), which names the node
+    that makes it. An input not fully bound is an error at once. The caller's model is
+    not modified.
     """
-    unknown = sorted(set(dims) - symbolic_dims(model))
-    if unknown:
-        known = ", ".join(sorted(symbolic_dims(model))) or "none"
-        raise ModelError(f"unknown dim {unknown[0]!r} (the model's symbolic dims: {known})")
-    clone = model.clone()
-    for graph in clone.graphs():
-        for value in _main_values(graph):
-            if value.shape is not None:
-                value.shape = ir.Shape([_bind(d, dims) for d in value.shape])
-    proto = _proto_without_big_weights(clone)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
-        first = str(exc).strip().splitlines()[0][:300]
-        raise ModelError(f"shape inference failed: {first}") from None
+    resolved = resolve(model, bindings)
+    clone = light_clone(model)
+    bind_model(clone, bindings, resolved)
+    _check_inputs(model, clone, resolved)
+    types, rejected = static_types(clone, resolved)
+    because = f" (onnx shape inference: {rejected})" if rejected else ""
+    originals = {value_name(v): v for v in main_values(model.graph)}
+    producers = {value_name(o): node for node in model.graph for o in node.outputs if o.name}
     infos: dict[str, TensorInfo | str] = {}
-    graph_proto = inferred.graph
-    for vi in (*graph_proto.input, *graph_proto.value_info, *graph_proto.output):
-        infos[vi.name] = _info_from_type(vi.type)
-    for init in graph_proto.initializer:
-        if init.data_type == onnx.TensorProto.STRING:
-            infos[init.name] = "is a string tensor: its size is not known before it is computed"
-        else:
-            infos[init.name] = TensorInfo(ir.DataType(init.data_type), tuple(init.dims))
+    for name, type_proto in types.items():
+        info = _info_from_type(type_proto)
+        if info is None:
+            info = _unknown_dim(name, type_proto, originals.get(name), resolved)
+        if isinstance(info, str) and name in producers:
+            info = f"made by {_node_text(producers[name])} {info}{because}"
+        infos[name] = info
     _add_loop_carried(clone.graph, infos)
     return infos
+
+
+def _node_text(node: ir.Node) -> str:
+    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+    return f"{op} node {node.name!r}" if node.name else f"an unnamed {op} node"
+
+
+def _check_inputs(model: ir.Model, clone: ir.Model, resolved: Resolved) -> None:
+    """Every input a caller feeds needs a concrete shape before anything is inferred."""
+    bound = {value_name(v): v for v in clone.graph.inputs}
+    for original in graph_inputs(model):
+        name = value_name(original)
+        value = bound[name]
+        if not isinstance(value.type, ir.TensorType) or value.dtype == ir.DataType.STRING:
+            continue  # said by the planner when it lists the input
+        if value.shape is None:
+            raise ModelError(
+                f"input {name!r} has no shape in the model: "
+                f"give it with --input-shape {name}=D0,D1,..."
+            )
+        template = ",".join(
+            str(d) if isinstance(d, int) and d >= 0 else f"D{axis}"
+            for axis, d in enumerate(value.shape)
+        )
+        give = f"give its shape with --input-shape {name}={template}"
+        for axis, dim in enumerate(value.shape):
+            if isinstance(dim, int) and dim >= 0:
+                continue
+            text = dim_name(original.shape[axis]) if original.shape is not None else None
+            if not text:
+                raise ModelError(f"input {name!r} has an unnamed dynamic dim (axis {axis}): {give}")
+            bind = _bind_hint(resolved.declared[text], resolved)
+            raise ModelError(f"input {name!r} {bind}, or {give}")
+
+
+def _bind_hint(expression: DimExpression, resolved: Resolved) -> str:
+    """What to bind for a dim the model names: its unbound names, or the name itself."""
+    missing = sorted(expression.names - resolved.dims.keys())
+    if expression.is_name or expression.path_like() or not missing:
+        text = expression.text
+        return f"has unknown dim {text!r}: bind it with --dim {text}=VALUE"
+    binds = " ".join(f"--dim {m}=VALUE" for m in missing)
+    return (
+        f"has dim {expression.text!r} with unbound {', '.join(missing)}: bind "
+        f"{'it' if len(missing) == 1 else 'them'} with {binds}"
+    )
+
+
+def _unknown_dim(
+    name: str, type_proto: onnx.TypeProto, original: ir.Value | None, resolved: Resolved
+) -> str:
+    """Why a tensor of known rank is not sized: the first unknown dim and how to fix it."""
+    dims = type_proto.tensor_type.shape.dim
+    axis = next(i for i, d in enumerate(dims) if not d.HasField("dim_value") or d.dim_value < 0)
+    text = None
+    if original is not None and original.shape is not None and len(original.shape) == len(dims):
+        text = dim_name(original.shape[axis])
+    trace = "or measure it with --trace-shapes"
+    if text:
+        return f"{_bind_hint(resolved.declared[text], resolved)}, {trace}"
+    return (
+        f"has dim {axis} unknown before the model runs: "
+        f"bind it with --dim {name}:{axis}=VALUE, {trace}"
+    )
 
 
 def _add_loop_carried(graph: ir.Graph, infos: dict[str, TensorInfo | str]) -> None:
@@ -91,51 +130,18 @@ def _add_loop_carried(graph: ir.Graph, infos: dict[str, TensorInfo | str]) -> No
                 infos[name] = TensorInfo(declared.dtype, shape.numpy())
 
 
-def _bind(dim: int | ir.SymbolicDim, dims: Mapping[str, int]) -> int | ir.SymbolicDim:
-    if isinstance(dim, ir.SymbolicDim) and dim.value is not None and dim.value in dims:
-        return dims[dim.value]
-    return dim
-
-
-def _main_values(graph: ir.Graph) -> list[ir.Value]:
-    values = [*graph.inputs, *graph.initializers.values()]
-    values += [out for node in graph for out in node.outputs]
-    return values
-
-
-def _proto_without_big_weights(model: ir.Model) -> onnx.ModelProto:
-    """Serialize ``model`` (a private copy) with big initializers turned into typed inputs."""
-    graph = model.graph
-    for name, value in list(graph.initializers.items()):
-        tensor = value.const_value
-        if tensor is None or isinstance(tensor, ir.ExternalTensor):
-            big = True
-        else:
-            big = tensor.nbytes > _SMALL_INITIALIZER_BYTES
-        if big:
-            if tensor is not None:
-                value.dtype, value.shape = tensor.dtype, tensor_shape(tensor)
-            if value not in graph.inputs:
-                graph.inputs.append(value)
-            graph.initializers.pop(name)
-    return ir.serde.serialize_model(model)
-
-
-def _info_from_type(type_proto: onnx.TypeProto) -> TensorInfo | str:
+def _info_from_type(type_proto: onnx.TypeProto) -> TensorInfo | str | None:
+    """The TensorInfo, the reason it has none, or None for a tensor with an unknown dim."""
     if not type_proto.HasField("tensor_type"):
         return f"is a {type_proto.WhichOneof('value') or 'value of unknown type'}, not a tensor"
     tensor_type = type_proto.tensor_type
     if not tensor_type.elem_type:
-        return "has an unknown element type"
+        return "has an unknown element type: measure it with --trace-shapes"
     if tensor_type.elem_type == onnx.TensorProto.STRING:
         return "is a string tensor: its size is not known before it is computed"
     if not tensor_type.HasField("shape"):
-        return "has an unknown rank"
-    shape = []
-    for d in tensor_type.shape.dim:
-        if not d.HasField("dim_value"):
-            if d.dim_param:
-                return f"has unknown dim {d.dim_param!r}: bind it with --dim {d.dim_param}=VALUE"
-            return "has a dim that shape inference could not determine"
-        shape.append(d.dim_value)
-    return TensorInfo(ir.DataType(tensor_type.elem_type), tuple(shape))
+        return "has an unknown rank: measure it with --trace-shapes"
+    shape = concrete_shape(type_proto)
+    if shape is None:
+        return None
+    return TensorInfo(ir.DataType(tensor_type.elem_type), shape)
