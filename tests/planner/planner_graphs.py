@@ -107,3 +107,99 @@ def loop_model() -> ir.Model:
     ]
     n = helper.make_tensor("n", TensorProto.INT64, [], [3])
     return make_model(nodes, [tensor("x", [8])], [tensor("y", [8])], [n])
+
+
+def nonzero_model() -> ir.Model:
+    """The positions of x's positive elements, doubled and summed: NonZero's count of
+    them is the dim of nz, f and m that only a run can tell."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("NonZero", ["r"], ["nz"], name="find"),
+        helper.make_node("Cast", ["nz"], ["f"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["f", "two"], ["m"], name="double"),
+        helper.make_node("ReduceSum", ["m"], ["y"], name="total", keepdims=0),
+    ]
+    two = numpy_helper.from_array(np.array(2, np.float32), "two")
+    return make_model(nodes, [tensor("x", [64])], [tensor("y", [])], [two])
+
+
+def flatten_resnet() -> ir.Model:
+    """A residual block, then a flatten to a computed shape: Reshape(p, [N, C*H*W]) with
+    N and C*H*W taken from Shape(p) (a ReduceProd of its tail, which onnx's data
+    propagation does not follow). The input is static; the exporter's value_info left
+    the flattened dim as ``unk__0``, as torch's legacy exporter does."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["s"], name="residual"),
+        helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+        helper.make_node(
+            "MaxPool", ["r2"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]
+        ),
+        helper.make_node("Shape", ["p"], ["shape"], name="shape"),
+        helper.make_node("Slice", ["shape", "zero", "one"], ["head"], name="head"),
+        helper.make_node("Slice", ["shape", "one", "four"], ["tail"], name="tail"),
+        helper.make_node("ReduceProd", ["tail"], ["features"], name="features", keepdims=1),
+        helper.make_node("Concat", ["head", "features"], ["flat_shape"], name="flat", axis=0),
+        helper.make_node("Reshape", ["p", "flat_shape"], ["val_5"], name="flatten"),
+        helper.make_node("MatMul", ["val_5", "w3"], ["y"], name="fc"),
+    ]
+    ints = [
+        numpy_helper.from_array(np.array([v], np.int64), name)
+        for name, v in (("zero", 0), ("one", 1), ("four", 4))
+    ]
+    inits = [weight("w1", 4, 4, 3, 3), weight("w2", 4, 4, 3, 3), weight("w3", 64, 10), *ints]
+    model = make_model(nodes, [tensor("x", [1, 4, 8, 8])], [tensor("y", [1, 10])], inits)
+    model.graph.node("flatten").outputs[0].shape = ir.Shape([1, ir.SymbolicDim("unk__0")])
+    model.graph.node("flatten").outputs[0].dtype = ir.DataType.FLOAT
+    return model
+
+
+def unnamed_input_model() -> ir.Model:
+    """x[?, 3, ?]: axis 0 has no dim_param, axis 2 the placeholder ``?`` some exporters
+    write; neither can be bound by name."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("ReduceMean", ["r"], ["m"], name="mean", axes=[2], keepdims=0),
+        helper.make_node("MatMul", ["m", "w"], ["y"], name="fc"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, "?"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 5])
+    return make_model(nodes, [x], [y], [weight("w", 3, 5)])
+
+
+# What SymbolicShapeInference writes for three stride-2 convolutions (kernel 3, pad 1).
+HALVED = ("floor(width/2 - 1/2) + 1", "floor(floor(width/2 - 1/2)/2) + 1")
+EIGHTH = "floor(floor(floor(width/2 - 1/2)/2)/2) + 1"
+
+
+def expression_model(custom_dim: str = EIGHTH) -> ir.Model:
+    """x[1, 1, width], three stride-2 convolutions, then an op of a custom domain that no
+    shape inference knows: its output's size is only in the dim expression the model
+    carries for it (``custom_dim``), as a tool that annotated the model wrote it."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["h1"], name="down1", strides=[2], pads=[1, 1]),
+        helper.make_node("Conv", ["h1", "w2"], ["h2"], name="down2", strides=[2], pads=[1, 1]),
+        helper.make_node("Conv", ["h2", "w3"], ["h3"], name="down3", strides=[2], pads=[1, 1]),
+        helper.make_node("Scale", ["h3"], ["s"], name="scale", domain="custom"),
+        helper.make_node("Relu", ["s"], ["y"], name="relu"),
+    ]
+    inits = [weight(f"w{i}", 1, 1, 3) for i in (1, 2, 3)]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [tensor("x", [1, 1, "width"])],
+        [tensor("y", [1, 1, custom_dim])],
+        inits,
+        value_info=[
+            tensor("h1", [1, 1, HALVED[0]]),
+            tensor("h2", [1, 1, HALVED[1]]),
+            tensor("h3", [1, 1, EIGHTH]),
+            tensor("s", [1, 1, custom_dim]),
+        ],
+    )
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("custom", 1)]
+    proto = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    onnx.checker.check_model(proto, full_check=True)
+    return ir.from_proto(proto)

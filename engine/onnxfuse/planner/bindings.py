@@ -87,6 +87,8 @@ def resolve(model: ir.Model, bindings: Bindings) -> Resolved:
             dims[name] = value
         elif tensor in values and axis.isdigit():
             axes.setdefault(tensor, {})[int(axis)] = value
+        elif tensor and axis.isdigit():
+            raise ModelError(f"unknown dim {name!r}: the model has no tensor {tensor!r}")
         else:
             raise ModelError(f"unknown dim {name!r} ({_known_names(model, declared)})")
     inputs = {value_name(v): v for v in graph_inputs(model)}
@@ -158,7 +160,10 @@ def _named_dims(name: str, value: ir.Value, shape: tuple[int, ...]) -> Iterator[
     if value.shape is None:
         return
     if len(value.shape) != len(shape):
-        raise ModelError(f"{given}: the input has rank {len(value.shape)} ({value.shape})")
+        declared = ", ".join(
+            str(d) if isinstance(d, int) else dim_name(d) or "?" for d in value.shape
+        )
+        raise ModelError(f"{given}: the input has rank {len(value.shape)} ([{declared}])")
     for axis, (dim, size) in enumerate(zip(value.shape, shape, strict=True)):
         if isinstance(dim, int) and dim >= 0 and dim != size:
             raise ModelError(f"{given}: dim {axis} of the input is {dim}, not {size}")

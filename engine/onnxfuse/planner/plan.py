@@ -176,9 +176,10 @@ def plan_model(
     bindings = Bindings(dims, {name: tuple(shape) for name, shape in shapes.items()})
     infos = infer_tensor_infos(model, bindings)
     traced: dict[str, TensorInfo] = {}
-    if trace_shapes and not all(isinstance(info, TensorInfo) for info in infos.values()):
+    if trace_shapes:  # also when all is sized: the run checks what inference gave
         traced = _traced(model, infos)
-        infos = infer_tensor_infos(model, replace(bindings, traced=traced))
+        if traced:
+            infos = infer_tensor_infos(model, replace(bindings, traced=traced))
     lifetimes = compute_lifetimes(model, infos, fold_constants=fold_constants)
     best_bound = graph_bound = _bound(lifetimes, inplace, alignment)
     chosen = "graph"

@@ -38,7 +38,8 @@ def infer_tensor_infos(model: ir.Model, bindings: Bindings) -> dict[str, TensorI
     originals = {value_name(v): v for v in main_values(model.graph)}
     producers = {value_name(o): node for node in model.graph for o in node.outputs if o.name}
     infos: dict[str, TensorInfo | str] = {}
-    for name, type_proto in types.items():
+    untyped = onnx.TypeProto()  # a node output inference gave nothing (an op it does not know)
+    for name, type_proto in {**dict.fromkeys(producers, untyped), **types}.items():
         info = _info_from_type(type_proto)
         if info is None:
             info = _unknown_dim(name, type_proto, originals.get(name), resolved)
@@ -132,8 +133,11 @@ def _add_loop_carried(graph: ir.Graph, infos: dict[str, TensorInfo | str]) -> No
 
 def _info_from_type(type_proto: onnx.TypeProto) -> TensorInfo | str | None:
     """The TensorInfo, the reason it has none, or None for a tensor with an unknown dim."""
-    if not type_proto.HasField("tensor_type"):
-        return f"is a {type_proto.WhichOneof('value') or 'value of unknown type'}, not a tensor"
+    kind = type_proto.WhichOneof("value")
+    if kind is None:
+        return "has no type after shape inference: measure it with --trace-shapes"
+    if kind != "tensor_type":
+        return f"is a {kind}, not a tensor"
     tensor_type = type_proto.tensor_type
     if not tensor_type.elem_type:
         return "has an unknown element type: measure it with --trace-shapes"

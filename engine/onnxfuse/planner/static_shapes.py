@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -110,12 +111,13 @@ def _fold_to_fixpoint(clone: ir.Model, resolved: Resolved) -> tuple[Types, str |
 
 
 def _infer(clone: ir.Model) -> tuple[Types, str | None]:
-    """Types from onnx inference, and the first line of what strict inference rejected.
+    """Types from onnx inference, and what strict inference rejected in an If's branch.
 
     Strict inference rejects a branch that will never run once its shapes are
     concrete (torch's legacy "squeeze if that dim is 1" If); that If folds in a
-    later round, so a rejection matters only if it stays and leaves a tensor
-    unsized. Until then the lenient result is used.
+    later round, so such a rejection matters only if it stays and leaves a tensor
+    unsized, and until then the lenient result is used. Any other rejection (a dim
+    the model declares that inference contradicts) is an error.
     """
     proto = ir.serde.serialize_model(clone)
     error = None
@@ -123,6 +125,10 @@ def _infer(clone: ir.Model) -> tuple[Types, str | None]:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         error = str(exc).strip().splitlines()[0][:300]
+        # onnx names the node that failed, the outermost first: "(op_type:If, node name: n)"
+        failed = re.search(r"\(op_type:(\w+), node name: ", error)
+        if failed is None or failed.group(1) != "If":
+            raise ModelError(f"shape inference failed: {error}") from None
         inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     types: Types = {}
     _collect_types(inferred.graph, types, set())
@@ -167,9 +173,17 @@ def _apply_axes(clone: ir.Model, types: Types, axes: Mapping[str, Mapping[int, i
         ]
         shape = with_axes(value_name(value), ir.Shape(dims), bound)
         if value.shape != shape:
-            value.shape = shape
+            _set_shape(value, found, shape)
             changed = True
     return changed
+
+
+def _set_shape(value: ir.Value, found: onnx.TypeProto | None, shape: ir.Shape) -> None:
+    """Fix a value's shape for the next round; its element type too, without which onnx_ir
+    does not write the shape out."""
+    if value.dtype is None and found is not None and found.tensor_type.elem_type:
+        value.dtype = ir.DataType(found.tensor_type.elem_type)
+    value.shape = shape
 
 
 def _fold(clone: ir.Model, types: Types, unfoldable: set[ir.Node]) -> bool:
@@ -329,9 +343,9 @@ def _run_node(
     return [np.asarray(r) for r in results]
 
 
-def _symbolic_shapes(clone: ir.Model) -> dict[str, list[int | str | None]] | None:
-    """The shapes SymbolicShapeInference gives, dims as numbers or sympy texts; None if
-    it cannot run on the model."""
+def _symbolic_shapes(clone: ir.Model) -> dict[str, tuple[int, list[int | str | None]]] | None:
+    """The element types and shapes SymbolicShapeInference gives, dims as numbers or
+    sympy texts; None if it cannot run on the model."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     proto = ir.serde.serialize_model(clone)
@@ -353,14 +367,17 @@ def _symbolic_shapes(clone: ir.Model) -> dict[str, list[int | str | None]] | Non
     except Exception:  # an assertion, a KeyError, ...: it does not handle this model
         return None
     graph = inference.out_mp_.graph
-    shapes: dict[str, list[int | str | None]] = {}
+    shapes: dict[str, tuple[int, list[int | str | None]]] = {}
     for vi in (*graph.value_info, *graph.output):
         tensor_type = vi.type.tensor_type
         if vi.type.HasField("tensor_type") and tensor_type.HasField("shape"):
-            shapes[vi.name] = [
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                for d in tensor_type.shape.dim
-            ]
+            shapes[vi.name] = (
+                tensor_type.elem_type,
+                [
+                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                    for d in tensor_type.shape.dim
+                ],
+            )
     return shapes
 
 
@@ -378,7 +395,7 @@ def _quiet(logger_name: str) -> Iterator[None]:
 def _adopt(
     clone: ir.Model,
     types: Types,
-    symbolic: Mapping[str, list[int | str | None]],
+    symbolic: Mapping[str, tuple[int, list[int | str | None]]],
     resolved: Resolved,
 ) -> bool:
     """Give the values onnx left unsized the shapes SymbolicShapeInference computed,
@@ -389,11 +406,14 @@ def _adopt(
         found = types.get(name)
         if is_sized(found) or name not in symbolic:
             continue
-        dims = [_evaluated(d, resolved) for d in symbolic[name]]
+        dims = [_evaluated(d, resolved) for d in symbolic[name][1]]
         if any(d is None for d in dims) or not _agrees(found, dims):
             continue
-        value.shape = ir.Shape(dims)
-        adopted = True
+        elem_type, _ = symbolic[name]
+        _set_shape(
+            value, found or onnx.helper.make_tensor_type_proto(elem_type, None), ir.Shape(dims)
+        )
+        adopted |= value.dtype is not None
     return adopted
 
 
