@@ -254,7 +254,9 @@ def test_folding_into_strings_and_back(tmp_path):
     assert_same_outputs(model, onnx.load(out))
     result = run_cli("plan", str(source))
     assert result.returncode == 2
-    assert result.stderr.startswith("onnxfuse: error: constant 's' is a string tensor: its size")
+    assert result.stderr.startswith(
+        "onnxfuse: error: constant 's' made by an unnamed Cast node is a string tensor: its size"
+    )
 
 
 def test_truncated_model(tmp_path, relu_model):
@@ -603,3 +605,26 @@ def test_a_longest_legal_output_name_is_written(tmp_path, relu_model):
     )
     result = run_cli("plan", str(relu_model), "-o", str(tmp_path / f"{name}.plan"))
     assert result.returncode == 0, result.stderr
+
+
+def test_plan_takes_whole_input_shapes(tmp_path, relu_model):
+    result = run_cli("plan", str(relu_model), "--input-shape", "x=2,3,5")
+    assert_clean_error(result, "--input-shape x=2,3,5: dim 2 of the input is 4, not 5")
+    result = run_cli("plan", str(relu_model), "--input-shape", "x=2,3,4", "--input-shape", "y=2")
+    assert_clean_error(result, "--input-shape y: no such input (the model's inputs: x)")
+    # An input whose dims have no names at all: only its whole shape binds them.
+    nodes = [helper.make_node("Relu", ["x"], ["t"]), helper.make_node("Neg", ["t"], ["y"])]
+    unnamed = [None, None, 4]
+    path = tmp_path / "unnamed.onnx"
+    onnx.save(make_model(nodes, [tensor_input("x", unnamed)], [tensor_input("y", unnamed)]), path)
+    assert_clean_error(run_cli("plan", str(path)), "input 'x' has an unnamed dynamic dim (axis 0)")
+    result = run_cli("plan", str(path), "--input-shape", "x=2,3,4", "--verify")
+    assert result.returncode == 0, result.stderr
+    assert "verify: outputs match onnxruntime" in result.stdout
+
+
+def test_plan_help_names_the_shape_options():
+    result = run_cli("plan", "--help")
+    assert result.returncode == 0
+    for option in ("--dim NAME=VALUE", "--input-shape NAME=D1,D2,...", "--trace-shapes"):
+        assert option in result.stdout

@@ -10,8 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
-from planner_graphs import LIGHT, make_model, tensor
+from planner_graphs import (
+    LIGHT,
+    expression_model,
+    flatten_resnet,
+    make_model,
+    nonzero_model,
+    tensor,
+    unnamed_input_model,
+)
 
 from onnxfuse.cli.main import main
 from onnxfuse.files.model_io import load_model, save_model
@@ -158,3 +167,107 @@ def test_a_model_onnxruntime_cannot_run_fails_verify_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("onnxfuse: error: onnxruntime cannot run the model: ")
     assert result.stderr.count("\n") == 1
+
+
+def _saved(tmp_path, model, name):
+    path = tmp_path / f"{name}.onnx"
+    save_model(model, path)
+    return str(path)
+
+
+def test_a_computed_reshape_plans_with_no_flags(tmp_path):
+    path = _saved(tmp_path, flatten_resnet(), "flatten")
+    out = tmp_path / "plan.json"
+    result = _run(path, "-o", str(out), "--verify")
+    assert result.returncode == 0, result.stderr
+    assert "verify: outputs match onnxruntime" in result.stdout
+    assert "traced" not in result.stdout
+    plan = json.loads(out.read_text())
+    assert {t["name"]: t["shape"] for t in plan["tensors"]}["val_5"] == [1, 64]
+    assert plan["traced"] == [] and plan["input_shapes"] == {}
+
+
+def test_input_shape_binds_an_unnamed_dim(tmp_path, capsys):
+    path = _saved(tmp_path, unnamed_input_model(), "unnamed")
+    out = tmp_path / "plan.json"
+    assert main(["plan", path, "--input-shape", "x=2,3,7", "-o", str(out), "--verify"]) == 0
+    assert "verify: outputs match onnxruntime" in capsys.readouterr().out
+    plan = json.loads(out.read_text())
+    assert plan["input_shapes"] == {"x": [2, 3, 7]} and plan["inputs"][0]["shape"] == [2, 3, 7]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [],
+            "input 'x' has an unnamed dynamic dim (axis 0): give its shape with "
+            "--input-shape x=D0,3,D2",
+        ),
+        (["--input-shape", "x=2,4,7"], "--input-shape x=2,4,7: dim 1 of the input is 3, not 4"),
+        (
+            ["--input-shape", "x=2,3,7", "--input-shape", "x=2,3,7"],
+            "--input-shape x is given twice",
+        ),
+        (
+            ["--input-shape", "x=2,a,7"],
+            "--input-shape expects NAME=D1,D2,... with positive integers, not 'x=2,a,7'",
+        ),
+        (
+            ["--input-shape", "x=2,0,7"],
+            "--input-shape expects NAME=D1,D2,... with positive integers, not 'x=2,0,7'",
+        ),
+        (
+            ["--input-shape", "=2"],
+            "--input-shape expects NAME=D1,D2,... with positive integers, not '=2'",
+        ),
+    ],
+)
+def test_input_shape_errors_are_one_line_and_exit_2(tmp_path, args, message):
+    result = _run(_saved(tmp_path, unnamed_input_model(), "unnamed"), *args)
+    assert result.returncode == 2
+    assert result.stderr == f"onnxfuse: error: {message}\n"
+
+
+def test_dim_expressions_evaluate_under_dim(tmp_path, capsys):
+    path = _saved(tmp_path, expression_model(), "expressions")
+    out = tmp_path / "plan.json"
+    assert main(["plan", path, "--dim", "width=640", "-o", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["outputs"][0]["shape"] == [1, 1, 80]
+
+
+def test_an_unbound_name_in_an_expression_is_one_line(tmp_path):
+    model = expression_model("floor(height/2) + 1")
+    result = _run(_saved(tmp_path, model, "expressions"), "--dim", "width=640")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "onnxfuse: error: tensor 's' made by custom.Scale node 'scale' has dim "
+        "'floor(height/2) + 1' with unbound height: bind it with --dim height=VALUE, "
+        "or measure it with --trace-shapes\n"
+    )
+
+
+def test_nonzero_is_traced_or_bound(tmp_path):
+    path = _saved(tmp_path, nonzero_model(), "nonzero")
+    result = _run(path)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "onnxfuse: error: tensor 'nz' made by NonZero node 'find' has dim 1 unknown before "
+        "the model runs: bind it with --dim nz:1=VALUE, or measure it with --trace-shapes\n"
+    )
+    out = tmp_path / "plan.json"
+    result = _run(path, "--trace-shapes", "--verify", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(out.read_text())
+    count = {t["name"]: t["shape"] for t in plan["tensors"]}["nz"][1]
+    assert plan["traced"] == ["f", "m", "nz"]
+    assert (
+        f"from the traced run: 3 shapes (f [1, {count}], m [1, {count}], nz [1, {count}])"
+        in result.stdout
+    )
+    assert "verify: outputs match onnxruntime" in result.stdout
+    bound = tmp_path / "bound.json"
+    result = _run(path, "--dim", f"nz:1={count}", "--verify", "-o", str(bound))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(bound.read_text())["arena_bytes"] == plan["arena_bytes"]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from planner_graphs import LIGHT, if_model, loop_model
+from onnx import helper, numpy_helper
+from planner_graphs import LIGHT, if_model, loop_model, make_model, tensor
 
 from onnxfuse.files.model_io import load_model
 from onnxfuse.planner import ArenaExecutor, check_plan, plan_model, verify_plan
@@ -55,3 +56,15 @@ def test_bodies_read_outer_scope_values_from_the_arena(build):
     assert early.last == next(i for i, s in enumerate(plan.steps) if s.op in ("If", "Loop"))
     check_plan(plan, model)
     assert verify_plan(model, plan).ok
+
+
+def test_a_scalar_outside_the_arena_stays_a_scalar():
+    # Gather by a scalar index drops the axis; by a 1-element index it keeps it.
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Gather", ["r", "i"], ["g"], axis=0),
+        helper.make_node("Neg", ["g"], ["y"]),
+    ]
+    index = numpy_helper.from_array(np.array(1, np.int64), "i")
+    model = make_model(nodes, [tensor("x", [2, 3])], [tensor("y", [3])], [index])
+    assert verify_plan(model, plan_model(model)).ok

@@ -82,7 +82,8 @@ class ArenaExecutor:
             elif placed is not None:
                 binding.bind_cpu_input(meta.name, self.view(placed))
             else:
-                binding.bind_cpu_input(meta.name, np.ascontiguousarray(outside[meta.name]))
+                # Not np.ascontiguousarray: it makes a scalar 1-D (a Gather index then adds a dim).
+                binding.bind_cpu_input(meta.name, np.require(outside[meta.name], requirements="C"))
         unplaced = []
         for meta in session.get_outputs():
             placed = self._placed.get(meta.name)

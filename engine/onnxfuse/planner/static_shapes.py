@@ -3,27 +3,33 @@
 Three sources, in this order, each used only where the ones before left a dim unknown:
 
 1. onnx shape inference (strict, with data propagation): the standard's own rules,
-   fast, and it rejects an inconsistent model. Its data propagation covers only a
-   few ops, so a shape computed at run time from ``Shape`` (a Reshape to
-   ``Concat(Shape(x)[0], -1)``, a Slice up to ``Shape(x)[1]``, a Range to a length)
-   comes out unknown (``unk__N``) even when every input shape is known.
+   fast, and it rejects a model whose declared shapes contradict it. Its data
+   propagation follows few ops, so a shape computed at run time from ``Shape`` (a
+   Reshape to ``Concat(Shape(x)[0], ReduceProd(Shape(x)[1:]))``, a Range to a length,
+   a Pad by computed pads) comes out unknown (``unk__N``) even when every input shape
+   is known.
 2. Shape computations folded: with concrete input shapes, ``Shape``/``Size`` of a
    sized tensor is a constant, and so is every small deterministic node that reads
-   only constants; such nodes are evaluated (one-node onnxruntime sessions) and
-   become initializers, and inference runs again, until nothing more folds. This
-   sizes every export among the test models (torch's legacy and dynamo exporters,
-   BERT/GPT-2/T5/Llama/ViT, silero-vad, PP-OCR) whose shapes depend only on input
-   shapes.
-3. onnxruntime's SymbolicShapeInference, for what is still unknown. It knows
-   onnxruntime's contrib ops (``com.microsoft``), which onnx inference skips, and
-   propagates values through more ops; but it stops with an assertion on models
-   it does not expect (a Concat of shapes on an axis other than 0, a Pad whose pads
-   are computed: 3 of the 9 silero-vad and PP-OCR models), and with ``auto_merge``
-   and ``guess_output_rank`` it guesses, so it only fills gaps and a shape it gives
-   must agree with every dim onnx inference fixed.
+   only constants, and an If whose condition is one takes its branch; such nodes are
+   evaluated (one-node onnxruntime sessions) and become initializers, and inference
+   runs again, until nothing more folds.
+3. onnxruntime's SymbolicShapeInference, for what is still unknown: it knows
+   onnxruntime's contrib ops (``com.microsoft``), which onnx inference skips. It is not
+   the first choice: it stops with an assertion on models it does not expect, and with
+   ``auto_merge`` and ``guess_output_rank`` it guesses, so it only fills gaps, and a
+   shape it gives must agree with every dim onnx inference fixed.
+
+Measured on the 62 torch exports of the test set (BERT, GPT-2, T5, Llama, ViT and CNNs
+by the legacy and dynamo exporters) and 10 silero-vad and PP-OCR models, with only the
+input dims bound: onnx inference alone leaves 2 to 140 tensors unsized in 26 of them
+(the 19 legacy transformer exports and 7 of the 10 others); with folding, none is left.
+SymbolicShapeInference alone sizes every model it runs on, but stops with an assertion
+on 4 of the 10 (a Concat of shapes on an axis other than 0, a Conv after a Pad by
+computed pads).
 
 What is left depends on values known only when the model runs (NonZero, a Loop's
-scan outputs, an If whose branches differ): the caller binds it or traces it.
+scan outputs, an If on an input's value whose branches differ): the caller binds it
+or traces it.
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ def _fold_to_fixpoint(clone: ir.Model, resolved: Resolved) -> tuple[Types, str |
     while True:
         types, error = _infer(clone)
         changed = _apply_axes(clone, types, resolved.axes)
+        if not changed and all(is_sized(types.get(name)) for name in _main_names(clone)):
+            return types, error  # the common case: one round of inference, nothing to fold
         if not _fold(clone, types, unfoldable) and not changed:
             return types, error
 
