@@ -144,7 +144,8 @@ def _infer(clone: ir.Model) -> tuple[Types, str | None]:
 
 
 def _main_names(clone: ir.Model) -> list[str]:
-    return [value_name(v) for v in main_values(clone.graph)]
+    # An optional output a node does not produce is a value without a name.
+    return [v.name for v in main_values(clone.graph) if v.name]
 
 
 def _collect_types(graph: onnx.GraphProto, types: Types, ambiguous: set[str]) -> None:
