@@ -332,3 +332,34 @@ def test_other_loops_stay(trips, scan):
     x = np.array([0.5, -2.0], np.float32)
     for got, want in zip(run(optimized, {"x": x}), run(model, {"x": x})):
         assert np.array_equal(got, want)
+
+
+def test_a_one_trip_loop_that_passes_its_value_through():
+    """The body returns its loop-carried input unchanged (as the graph fuzzer found):
+    the Loop's output is the initial value, under the Loop output's name."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("carried", TensorProto.FLOAT, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("carried", TensorProto.FLOAT, [2]),
+        ],
+    )
+    model = make_model(
+        [
+            helper.make_node("Neg", ["x"], ["n"]),
+            helper.make_node("Loop", ["M", "", "n"], ["y"], body=body),
+        ],
+        [tensor_input("x", [2])],
+        [tensor_input("y", [2])],
+        [numpy_helper.from_array(np.array(1, np.int64), "M")],
+    )
+    _, optimized = optimize_proto(model, [])
+    assert "Loop" not in _ops(optimized) and [o.name for o in optimized.graph.output] == ["y"]
+    x = np.array([0.5, -2.0], np.float32)
+    assert np.array_equal(run(optimized, {"x": x})[0], -x)

@@ -88,6 +88,7 @@ def inline_decided_loop(
     condition = runs if runs is not None else _constant(graph, names, "true", True, None)
     replacement: dict[ir.Value, ir.Value] = dict(zip(body.inputs, [iteration, condition, *initial]))
     results = [replacement.get(v, v) for v in body.outputs[1:]]
+    body.outputs.clear()  # a loop-carried value the body passes through is one of them
     for value, new in replacement.items():
         value.replace_all_uses_with(new)
     moved = _move_body(graph, node, body, names)
