@@ -363,3 +363,27 @@ def test_a_one_trip_loop_that_passes_its_value_through():
     assert "Loop" not in _ops(optimized) and [o.name for o in optimized.graph.output] == ["y"]
     x = np.array([0.5, -2.0], np.float32)
     assert np.array_equal(run(optimized, {"x": x})[0], -x)
+
+
+def test_a_fold_never_changes_a_values_shape():
+    """Clip of a scalar by [1]-shaped bounds is a scalar (onnxruntime's result); onnx's
+    reference evaluator broadcasts it to [1], so that fold is not taken. The scalar
+    comes from a static dim of a symbolic shape, as the graph fuzzer found it."""
+    model = make_model(
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Gather", ["s", "two"], ["d"], axis=0),
+            helper.make_node("Clip", ["d", "low", "high"], ["y"]),
+        ],
+        [tensor_input("x", ["batch", 1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [])],
+        [
+            numpy_helper.from_array(np.array(2, np.int64), "two"),
+            _ints("low", [-1]),
+            _ints("high", [3]),
+        ],
+    )
+    _, optimized = optimize_proto(model, [])
+    x = np.zeros((2, 1, 4), np.float32)
+    got, want = run(optimized, {"x": x})[0], run(model, {"x": x})[0]
+    assert got.shape == want.shape == () and got == want == 3

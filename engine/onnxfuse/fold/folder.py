@@ -334,6 +334,11 @@ class Folder:
         for output, array in zip(node.outputs, arrays):
             if output.dtype is not None and _dtype_of(array) not in (None, output.dtype):
                 return None
+            # An evaluator that broadcasts where the op does not (onnx's reference Clip
+            # with [1]-shaped bounds on a scalar) would change the value's shape.
+            shape = output.shape
+            if shape is not None and shape.is_static() and tuple(shape.numpy()) != array.shape:
+                return None
         return arrays
 
     def _reference_result(
