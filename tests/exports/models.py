@@ -257,6 +257,72 @@ def build_gpt2(c: dict[str, Any]) -> Built:
     return Built(_Gpt2(model, c["layers"], c["past"]).eval(), inputs, outputs)
 
 
+class _Call(nn.Module):
+    """Calls a HuggingFace module (an encoder: no cache) with keyword inputs, one tensor out."""
+
+    def __init__(self, model: nn.Module, names: list[str], output: str) -> None:
+        super().__init__()
+        self.model, self.names, self.output = model, names, output
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(**dict(zip(self.names, args))), self.output)
+
+
+def build_whisper(c: dict[str, Any]) -> Built:
+    """Whisper's audio encoder: two Conv1d over mel features, then pre-LN self-attention
+    blocks without mask; the K projection has no bias, Q is scaled after its bias."""
+    from transformers import WhisperConfig, WhisperModel
+
+    torch.manual_seed(c["seed"])
+    config = WhisperConfig(
+        vocab_size=c["vocab"],
+        d_model=c["hidden"],
+        encoder_layers=c["layers"],
+        decoder_layers=c["layers"],
+        encoder_attention_heads=c["heads"],
+        decoder_attention_heads=c["heads"],
+        encoder_ffn_dim=c["hidden"] * 2,
+        decoder_ffn_dim=c["hidden"] * 2,
+        num_mel_bins=c["mel"],
+        max_source_positions=c["frames"],
+        max_target_positions=64,
+        pad_token_id=1,  # the defaults (50256, 50257) are outside the small vocabulary
+        bos_token_id=0,
+        eos_token_id=0,
+        decoder_start_token_id=0,
+        attn_implementation=c["attention"],
+    )
+    model = WhisperModel(config).get_encoder()
+    _perturb(model, c["seed"])
+    model.eval()
+    generator = torch.Generator().manual_seed(c["seed"])
+    features = torch.randn(BATCH, c["mel"], 2 * c["frames"], generator=generator)
+    inputs = {"input_features": features}
+    return Built(_Call(model, list(inputs), "last_hidden_state").eval(), inputs, ["last_hidden_state"])
+
+
+def build_opt(c: dict[str, Any]) -> Built:
+    """OPT: pre-LN decoder blocks with the causal and padding mask; Q scaled after its bias."""
+    from transformers import OPTConfig, OPTModel
+
+    torch.manual_seed(c["seed"])
+    config = OPTConfig(
+        vocab_size=c["vocab"],
+        hidden_size=c["hidden"],
+        word_embed_proj_dim=c["hidden"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        ffn_dim=c["hidden"] * 2,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation=c["attention"],
+    )
+    inputs = _token_inputs(c["vocab"], True, c["seed"], *_sizes(c))
+    return _hf(OPTModel(config), inputs, "last_hidden_state", c["seed"])
+
+
 class _ResidualBlock(nn.Module):
     def __init__(self, channels: int, stride: int) -> None:
         super().__init__()
@@ -548,6 +614,8 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Built]] = {
     "t5": build_t5,
     "llama": build_llama,
     "gpt2": build_gpt2,
+    "whisper": build_whisper,
+    "opt": build_opt,
     "cnn": build_cnn,
 }
 
@@ -597,6 +665,18 @@ MODELS: list[ModelSpec] = [
     _text("t5-encoder", "t5", "t5", hidden=32, heads=4, decoder=False, mask=True),
     _text("t5-seq2seq", "t5", "t5", hidden=32, heads=4, decoder=True, mask=True),
     _text("llama-gqa", "llama", "gpt2", hidden=64, heads=4, kv_heads=2, mask=True),
+    # Whisper's audio encoder: attention with no mask and no bias term, K without bias.
+    ModelSpec(
+        "whisper-encoder",
+        "whisper",
+        {"seed": 0, "vocab": 100, "hidden": 64, "heads": 4, "layers": 2, "mel": 16,
+         "frames": 16, "attention": "eager"},
+        "bart",
+        4,
+        64,
+        dynamic={"input_features": {0: "batch"}},
+    ),
+    _text("opt", "opt", "opt", hidden=64, heads=4, mask=True),
     ModelSpec(
         "resnet-small", "cnn", {"seed": 0, "arch": "resnet", "width": 16}, None, dynamic=_IMAGES
     ),
