@@ -58,13 +58,67 @@ Symbolic = tuple[int, list[Element]]
 
 
 def value_dims(value: ir.Value, label: str) -> list[int | Dim] | None:
-    """The dimensions of ``value``: ints where static, Dims otherwise (None: rank unknown)."""
+    """The dimensions of ``value``: ints where static, Dims otherwise (None: rank unknown).
+
+    A dimension that an op copies from one of its inputs (a MatMul by a 2-D matrix keeps
+    its left operand's leading dimensions, an elementwise op the dimensions its other
+    operand broadcasts along, a shape-keeping op all of them) is that input's Dim: the
+    same dimension, traced back to the value it comes from.
+    """
     if value.shape is None:
         return None
-    return [
-        dim if isinstance(dim, int) else Dim(id(value), axis, f"{label}.shape[{axis}]")
-        for axis, dim in enumerate(value.shape)
-    ]
+    dims: list[int | Dim] = []
+    for axis, dim in enumerate(value.shape):
+        if isinstance(dim, int):
+            dims.append(dim)
+            continue
+        origin, index = _dim_origin(value, axis)
+        dims.append(Dim(id(origin), index, f"{label}.shape[{axis}]"))
+    return dims
+
+
+# ai.onnx ops whose first output has the first input's shape.
+_SHAPE_KEEPING = frozenset(
+    {
+        "Identity", "Cast", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Neg", "Abs",
+        "Sqrt", "Exp", "Softmax", "LayerNormalization", "Dropout",
+    }
+)
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    return None if value is None or value.shape is None else len(value.shape)
+
+
+def _dim_origin(value: ir.Value, axis: int) -> tuple[ir.Value, int]:
+    """The value (and its axis) whose dimension ``axis`` of ``value`` is a copy of."""
+    for _ in range(_MAX_DEPTH):
+        node = value.producer()
+        rank = _rank(value)
+        if node is None or node.domain != "" or rank is None or node.outputs[0] is not value:
+            break
+        inputs = list(node.inputs)
+        source: ir.Value | None = None
+        if node.op_type == "MatMul" and len(inputs) == 2:
+            a, b = inputs
+            if rank >= 2 and axis < rank - 1 and _rank(a) == rank and _rank(b) == 2:
+                source = a
+        elif node.op_type in _SHAPE_KEEPING and inputs and _rank(inputs[0]) == rank:
+            source = inputs[0]
+        elif node.op_type in _BROADCASTING and len(inputs) == 2:
+            for mine, other in ((inputs[0], inputs[1]), (inputs[1], inputs[0])):
+                other_rank = _rank(other)
+                if _rank(mine) != rank or other is None or other_rank is None:
+                    continue
+                position = axis - (rank - other_rank)
+                if position < 0 or other.shape[position] == 1:
+                    source = mine
+                    break
+        if source is None:
+            break
+        value = source
+    return value, axis
 
 
 def elements(value: ir.Value, constant_of: ConstantOf) -> Symbolic | None:

@@ -98,8 +98,44 @@ def fold_and_type(created: list[ir.Node], context: ModelContext, folder: Folder)
         if id(output.producer()) in kept:
             output.type = None  # not folded after all: inferred whole below
     for node in remaining:
+        declared = _clear_partial_shapes(node)
         infer_node(node, context.opset(node.domain))
+        _merge_declared(declared)
     return remaining
+
+
+def _clear_partial_shapes(node: ir.Node) -> list[tuple[ir.Value, ir.TypeProtocol, ir.Shape]]:
+    """The outputs whose declared shape (kept from the replaced value) has dimensions
+    that are not static, with their type and shape, cleared so that inference runs on
+    them: a replacement can make a dimension known (a computed Reshape shape made
+    constant), and the graph's declared shape would hide that."""
+    declared = []
+    for output in node.outputs:
+        shape = output.shape
+        if output.type is None or shape is None or all(isinstance(d, int) for d in shape):
+            continue
+        declared.append((output, output.type, shape))
+        output.type = None
+        output.shape = None
+    return declared
+
+
+def _merge_declared(declared: list[tuple[ir.Value, ir.TypeProtocol, ir.Shape]]) -> None:
+    """The declared type and shape back, with each dimension inference found static where
+    the declared one was not (same element type and rank; anything else: as declared)."""
+    for output, type_, shape in declared:
+        inferred = output.shape
+        same = output.type == type_ and inferred is not None and len(inferred) == len(shape)
+        output.type = type_
+        if not same:
+            output.shape = shape
+            continue
+        assert inferred is not None
+        dims = [
+            new if not isinstance(old, int) and isinstance(new, int) else old
+            for old, new in zip(shape, inferred)
+        ]
+        output.shape = ir.Shape(dims)
 
 
 def _remove_match(match: Match, graph: ir.Graph) -> None:
