@@ -323,6 +323,49 @@ def build_opt(c: dict[str, Any]) -> Built:
     return _hf(OPTModel(config), inputs, "last_hidden_state", c["seed"])
 
 
+def build_beit(c: dict[str, Any]) -> Built:
+    """BEiT: ViT-like pre-LN blocks with layer scale; its K projection has no bias."""
+    from transformers import BeitConfig, BeitModel
+
+    torch.manual_seed(c["seed"])
+    config = BeitConfig(
+        hidden_size=c["hidden"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        intermediate_size=c["hidden"] * 2,
+        image_size=IMAGE,
+        patch_size=8,
+        attn_implementation=c["attention"],
+    )
+    generator = torch.Generator().manual_seed(c["seed"])
+    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
+    model = BeitModel(config, add_pooling_layer=False)
+    return _hf(model, {"pixel_values": pixels}, "last_hidden_state", c["seed"])
+
+
+def build_segformer(c: dict[str, Any]) -> Built:
+    """SegFormer's Mix Transformer encoder: efficient self-attention whose K and V come
+    from a strided-conv reduction of the sequence (sr_ratio), so Q, K, V read two inputs."""
+    from transformers import SegformerConfig, SegformerModel
+
+    torch.manual_seed(c["seed"])
+    config = SegformerConfig(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[c["hidden"] // 2, c["hidden"]],
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        num_attention_heads=[1, c["heads"]],
+        mlp_ratios=[2, 2],
+        decoder_hidden_size=c["hidden"],
+        attn_implementation=c["attention"],
+    )
+    generator = torch.Generator().manual_seed(c["seed"])
+    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
+    return _hf(SegformerModel(config), {"pixel_values": pixels}, "last_hidden_state", c["seed"])
+
+
 class _ResidualBlock(nn.Module):
     def __init__(self, channels: int, stride: int) -> None:
         super().__init__()
@@ -616,6 +659,8 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Built]] = {
     "gpt2": build_gpt2,
     "whisper": build_whisper,
     "opt": build_opt,
+    "beit": build_beit,
+    "segformer": build_segformer,
     "cnn": build_cnn,
 }
 
@@ -677,6 +722,24 @@ MODELS: list[ModelSpec] = [
         dynamic={"input_features": {0: "batch"}},
     ),
     _text("opt", "opt", "opt", hidden=64, heads=4, mask=True),
+    ModelSpec(
+        "beit",
+        "beit",
+        {"seed": 0, "hidden": 32, "heads": 4, "layers": 2, "attention": "eager"},
+        "vit",
+        4,
+        32,
+        dynamic=_IMAGES,
+    ),
+    ModelSpec(
+        "segformer",
+        "segformer",
+        {"seed": 0, "hidden": 32, "heads": 2, "attention": "eager"},
+        "vit",
+        2,
+        32,
+        dynamic=_IMAGES,
+    ),
     ModelSpec(
         "resnet-small", "cnn", {"seed": 0, "arch": "resnet", "width": 16}, None, dynamic=_IMAGES
     ),
