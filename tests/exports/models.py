@@ -37,6 +37,8 @@ class ModelSpec:
     notes: str = ""
     # input name -> axes that are dynamic (axis -> dim name)
     dynamic: dict[str, dict[int, str]] = field(default_factory=dict)
+    # the exporters ("legacy", "dynamo") that can export it; None: every one
+    exporters: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -292,12 +294,17 @@ def build_whisper(c: dict[str, Any]) -> Built:
         decoder_start_token_id=0,
         attn_implementation=c["attention"],
     )
-    model = WhisperModel(config).get_encoder()
-    _perturb(model, c["seed"])
-    model.eval()
     generator = torch.Generator().manual_seed(c["seed"])
     features = torch.randn(BATCH, c["mel"], 2 * c["frames"], generator=generator)
     inputs = {"input_features": features}
+    if c.get("decoder"):
+        # Encoder and decoder: causal self-attention, then cross-attention over the
+        # encoder's output, whose K projection has no bias either.
+        inputs["decoder_input_ids"] = torch.randint(0, c["vocab"], (BATCH, SEQ), generator=generator)
+        return _hf(WhisperModel(config), inputs, "last_hidden_state", c["seed"])
+    model = WhisperModel(config).get_encoder()
+    _perturb(model, c["seed"])
+    model.eval()
     return Built(_Call(model, list(inputs), "last_hidden_state").eval(), inputs, ["last_hidden_state"])
 
 
@@ -720,6 +727,18 @@ MODELS: list[ModelSpec] = [
         4,
         64,
         dynamic={"input_features": {0: "batch"}},
+    ),
+    ModelSpec(
+        "whisper-seq2seq",
+        "whisper",
+        {"seed": 0, "vocab": 100, "hidden": 64, "heads": 4, "layers": 2, "mel": 16,
+         "frames": 16, "attention": "eager", "decoder": True},
+        "bart",
+        4,
+        64,
+        dynamic={"input_features": {0: "batch"}, "decoder_input_ids": {0: "batch", 1: "decoder_seq"}},
+        # the legacy exporter has no aten::diff, which the decoder's mask construction uses
+        exporters=("dynamo",),
     ),
     _text("opt", "opt", "opt", hidden=64, heads=4, mask=True),
     ModelSpec(
