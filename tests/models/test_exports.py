@@ -62,7 +62,16 @@ CI_EXPORTS = (
 SELECTED = sorted(ALL) if os.environ.get("ONNXFUSE_EXPORTS") == "all" else list(CI_EXPORTS)
 
 # Exports where onnxfuse still has more nodes than the best anchor, and why.
-KNOWN_GAPS: dict[str, str] = {}
+KNOWN_GAPS: dict[str, str] = {
+    # Measured: onnxfuse 27, onnxruntime's transformers optimizer 22. Attention fuses (two
+    # Attention, as there); the gap is the pre-LayerNorm residuals at opset 14: each residual
+    # sum also feeds the next residual, and the decomposed-LayerNorm SkipLayerNormalization
+    # rules (needed before opset 17) have no form for a sum with other uses, so three of the
+    # four residual norms stay bias Add + Add + LayerNormalization (1 SkipLayerNormalization
+    # against 4).
+    "whisper-encoder-legacy14": "pre-LN residual sums before opset 17: no decomposed "
+    "SkipLayerNormalization rule for a sum with other uses (27 vs 22 nodes)",
+}
 
 
 @pytest.fixture(scope="module")
