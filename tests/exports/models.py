@@ -740,7 +740,18 @@ MODELS: list[ModelSpec] = [
         # the legacy exporter has no aten::diff, which the decoder's mask construction uses
         exporters=("dynamo",),
     ),
+    ModelSpec(
+        "whisper-encoder-sdpa",
+        "whisper",
+        {"seed": 0, "vocab": 100, "hidden": 64, "heads": 4, "layers": 2, "mel": 16,
+         "frames": 16, "attention": "sdpa"},
+        "bart",
+        4,
+        64,
+        dynamic={"input_features": {0: "batch"}},
+    ),
     _text("opt", "opt", "opt", hidden=64, heads=4, mask=True),
+    _text("opt-sdpa", "opt", "opt", hidden=64, heads=4, mask=True, attention="sdpa"),
     ModelSpec(
         "beit",
         "beit",

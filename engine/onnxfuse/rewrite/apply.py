@@ -146,10 +146,33 @@ def _remove_match(match: Match, graph: ir.Graph) -> None:
         for pnode, node in zip(match.source.nodes, match.nodes)
         if any(o is not None and o in kept_values for o in pnode.outputs)
     ]
-    graph.remove([n for n in match.nodes if all(n is not k for k in kept)], safe=True)
+    removed = [n for n in match.nodes if all(n is not k for k in kept)]
+    inputs = [v for n in match.nodes for v in n.inputs if v is not None]
+    graph.remove(removed, safe=True)
     for node in reversed(kept):  # consumers before producers
         if not any(o.uses() or o.is_graph_output() for o in node.outputs):
             graph.remove(node, safe=True)
+    _remove_dead_producers(inputs, graph)
+
+
+def _remove_dead_producers(values: list[ir.Value], graph: ir.Graph) -> None:
+    """Remove the nodes that computed only for the match: a producer of one of ``values``
+    (and, in turn, of its inputs) none of whose outputs is used any more. A shape
+    computation that sized a matched Reshape would otherwise keep the values it reads
+    alive, with a use outside the next match, until dead-code removal runs. Nodes with
+    subgraphs stay for dead-code removal."""
+    pending = list(values)
+    while pending:
+        value = pending.pop()
+        node = value.producer()
+        if node is None or node.graph is not graph:
+            continue
+        if any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+            continue
+        pending.extend(v for v in node.inputs if v is not None)
+        graph.remove(node, safe=True)
 
 
 def _check_absent_inputs(
