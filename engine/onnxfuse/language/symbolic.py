@@ -91,34 +91,70 @@ def _rank(value: ir.Value | None) -> int | None:
     return None if value is None or value.shape is None else len(value.shape)
 
 
-def _dim_origin(value: ir.Value, axis: int) -> tuple[ir.Value, int]:
+def _dim_origin(value: ir.Value, axis: int, depth: int = 0) -> tuple[ir.Value, int]:
     """The value (and its axis) whose dimension ``axis`` of ``value`` is a copy of."""
-    for _ in range(_MAX_DEPTH):
-        node = value.producer()
-        rank = _rank(value)
-        if node is None or node.domain != "" or rank is None or node.outputs[0] is not value:
-            break
-        inputs = list(node.inputs)
-        source: ir.Value | None = None
-        if node.op_type == "MatMul" and len(inputs) == 2:
-            a, b = inputs
-            if rank >= 2 and axis < rank - 1 and _rank(a) == rank and _rank(b) == 2:
-                source = a
-        elif node.op_type in _SHAPE_KEEPING and inputs and _rank(inputs[0]) == rank:
-            source = inputs[0]
-        elif node.op_type in _BROADCASTING and len(inputs) == 2:
-            for mine, other in ((inputs[0], inputs[1]), (inputs[1], inputs[0])):
-                other_rank = _rank(other)
-                if _rank(mine) != rank or other is None or other_rank is None:
-                    continue
-                position = axis - (rank - other_rank)
-                if position < 0 or other.shape[position] == 1:
-                    source = mine
-                    break
-        if source is None:
-            break
-        value = source
-    return value, axis
+    node = value.producer()
+    rank = _rank(value)
+    if (
+        depth >= _MAX_DEPTH
+        or node is None
+        or node.domain != ""
+        or rank is None
+        or node.outputs[0] is not value
+    ):
+        return value, axis
+    inputs = list(node.inputs)
+    op = node.op_type
+    found: tuple[ir.Value, int] | None = None
+    if op == "MatMul" and len(inputs) == 2:
+        a, b = inputs
+        if rank >= 2 and axis < rank - 1 and _rank(a) == rank and _rank(b) == 2:
+            found = _dim_origin(a, axis, depth + 1)
+        elif rank >= 3 and axis < rank - 2 and _rank(a) == rank and _rank(b) == rank:
+            found = _same_origin(a, b, axis, axis, depth)  # a batch axis of both
+        elif rank >= 2 and axis == rank - 2 and _rank(a) == rank:
+            found = _dim_origin(a, axis, depth + 1)  # A's rows
+        elif rank >= 2 and axis == rank - 1 and _rank(b) == rank:
+            found = _dim_origin(b, axis, depth + 1)  # B's columns
+    elif op in _SHAPE_KEEPING and inputs and inputs[0] is not None and _rank(inputs[0]) == rank:
+        found = _dim_origin(inputs[0], axis, depth + 1)
+    elif op == "Transpose" and inputs and inputs[0] is not None and _rank(inputs[0]) == rank:
+        perm = _ints_attribute(node, "perm") or list(reversed(range(rank)))
+        if len(perm) == rank:
+            found = _dim_origin(inputs[0], perm[axis], depth + 1)
+    elif op == "Reshape" and len(inputs) == 2 and inputs[0] is not None:
+        # a 0 in a constant shape copies the input's dimension (allowzero = 0)
+        shape = inputs[1].const_value if inputs[1] is not None else None
+        if shape is not None and _int_attribute(node, "allowzero", 0) == 0:
+            target = shape.numpy().reshape(-1).tolist()
+            if len(target) == rank and target[axis] == 0 and _rank(inputs[0]) is not None:
+                if axis < (_rank(inputs[0]) or 0):
+                    found = _dim_origin(inputs[0], axis, depth + 1)
+    elif op in _BROADCASTING and len(inputs) == 2 and None not in inputs:
+        x, y = inputs
+        rx, ry = _rank(x), _rank(y)
+        if rx is not None and ry is not None:
+            px, py = axis - (rank - rx), axis - (rank - ry)
+            if rx == rank and (py < 0 or y.shape[py] == 1):
+                found = _dim_origin(x, axis, depth + 1)
+            elif ry == rank and (px < 0 or x.shape[px] == 1):
+                found = _dim_origin(y, axis, depth + 1)
+            elif px >= 0 and py >= 0:
+                found = _same_origin(x, y, px, py, depth)
+    return found if found is not None else (value, axis)
+
+
+def _same_origin(
+    x: ir.Value, y: ir.Value, ax: int, ay: int, depth: int
+) -> tuple[ir.Value, int] | None:
+    """The common origin of two broadcast dimensions that are the same dimension (so the
+    result is that dimension too), else None."""
+    if isinstance(x.shape[ax], int) or isinstance(y.shape[ay], int):
+        return None
+    ox, oy = _dim_origin(x, ax, depth + 1), _dim_origin(y, ay, depth + 1)
+    if ox[0] is oy[0] and ox[1] == oy[1]:
+        return ox
+    return None
 
 
 def elements(value: ir.Value, constant_of: ConstantOf) -> Symbolic | None:
