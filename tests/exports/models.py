@@ -300,12 +300,16 @@ def build_whisper(c: dict[str, Any]) -> Built:
     if c.get("decoder"):
         # Encoder and decoder: causal self-attention, then cross-attention over the
         # encoder's output, whose K projection has no bias either.
-        inputs["decoder_input_ids"] = torch.randint(0, c["vocab"], (BATCH, SEQ), generator=generator)
+        inputs["decoder_input_ids"] = torch.randint(
+            0, c["vocab"], (BATCH, SEQ), generator=generator
+        )
         return _hf(WhisperModel(config), inputs, "last_hidden_state", c["seed"])
     model = WhisperModel(config).get_encoder()
     _perturb(model, c["seed"])
     model.eval()
-    return Built(_Call(model, list(inputs), "last_hidden_state").eval(), inputs, ["last_hidden_state"])
+    return Built(
+        _Call(model, list(inputs), "last_hidden_state").eval(), inputs, ["last_hidden_state"]
+    )
 
 
 def build_opt(c: dict[str, Any]) -> Built:
@@ -721,8 +725,16 @@ MODELS: list[ModelSpec] = [
     ModelSpec(
         "whisper-encoder",
         "whisper",
-        {"seed": 0, "vocab": 100, "hidden": 64, "heads": 4, "layers": 2, "mel": 16,
-         "frames": 16, "attention": "eager"},
+        {
+            "seed": 0,
+            "vocab": 100,
+            "hidden": 64,
+            "heads": 4,
+            "layers": 2,
+            "mel": 16,
+            "frames": 16,
+            "attention": "eager",
+        },
         "bart",
         4,
         64,
@@ -731,20 +743,40 @@ MODELS: list[ModelSpec] = [
     ModelSpec(
         "whisper-seq2seq",
         "whisper",
-        {"seed": 0, "vocab": 100, "hidden": 64, "heads": 4, "layers": 2, "mel": 16,
-         "frames": 16, "attention": "eager", "decoder": True},
+        {
+            "seed": 0,
+            "vocab": 100,
+            "hidden": 64,
+            "heads": 4,
+            "layers": 2,
+            "mel": 16,
+            "frames": 16,
+            "attention": "eager",
+            "decoder": True,
+        },
         "bart",
         4,
         64,
-        dynamic={"input_features": {0: "batch"}, "decoder_input_ids": {0: "batch", 1: "decoder_seq"}},
+        dynamic={
+            "input_features": {0: "batch"},
+            "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
+        },
         # the legacy exporter has no aten::diff, which the decoder's mask construction uses
         exporters=("dynamo",),
     ),
     ModelSpec(
         "whisper-encoder-sdpa",
         "whisper",
-        {"seed": 0, "vocab": 100, "hidden": 64, "heads": 4, "layers": 2, "mel": 16,
-         "frames": 16, "attention": "sdpa"},
+        {
+            "seed": 0,
+            "vocab": 100,
+            "hidden": 64,
+            "heads": 4,
+            "layers": 2,
+            "mel": 16,
+            "frames": 16,
+            "attention": "sdpa",
+        },
         "bart",
         4,
         64,

@@ -58,6 +58,8 @@ CI_EXPORTS = (
     "whisper-encoder-legacy17",
     "opt-dynamo18",
     "segformer-dynamo18",
+    "whisper-encoder-sdpa-dynamo18",
+    "opt-sdpa-dynamo18",
 )
 SELECTED = sorted(ALL) if os.environ.get("ONNXFUSE_EXPORTS") == "all" else list(CI_EXPORTS)
 
@@ -134,8 +136,17 @@ def test_node_count_at_most_best_anchor(name, measured):
 
 # Exports whose self-attention rules/ort/attention.yaml fuses: one Attention per layer.
 # Whisper's encoder has no mask and a K projection without bias, OPT scales the biased
-# query before the head split (rules/ort/attention_plain.yaml).
-ATTENTION_FUSED = ("vit-legacy17", "bert-mask-dynamo18", "whisper-encoder-legacy17", "opt-dynamo18")
+# query before the head split (rules/ort/attention_plain.yaml); with SDPA attention the
+# dynamo exporter writes Kᵀ as Reshape / Transpose / Reshape and guards the softmax with
+# IsNaN.
+ATTENTION_FUSED = (
+    "vit-legacy17",
+    "bert-mask-dynamo18",
+    "whisper-encoder-legacy17",
+    "opt-dynamo18",
+    "whisper-encoder-sdpa-dynamo18",
+    "opt-sdpa-dynamo18",
+)
 
 
 @pytest.mark.parametrize("name", [n for n in ATTENTION_FUSED if n in SELECTED])

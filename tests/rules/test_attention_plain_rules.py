@@ -23,9 +23,7 @@ def _const(name: str, values, dtype=np.int64) -> onnx.TensorProto:
 
 def whisper_legacy_attention(k_bias: bool) -> onnx.ModelProto:
     rng = np.random.default_rng(0)
-    weights = {
-        f"W{p}": rng.uniform(-0.5, 0.5, (HIDDEN, HIDDEN)).astype(np.float32) for p in "qkv"
-    }
+    weights = {f"W{p}": rng.uniform(-0.5, 0.5, (HIDDEN, HIDDEN)).astype(np.float32) for p in "qkv"}
     biases = {f"b{p}": rng.uniform(-0.5, 0.5, HIDDEN).astype(np.float32) for p in "qkv"}
     inits = [numpy_helper.from_array(v, k) for k, v in {**weights, **biases}.items()]
     inits += [

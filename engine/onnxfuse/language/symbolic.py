@@ -80,8 +80,20 @@ def value_dims(value: ir.Value, label: str) -> list[int | Dim] | None:
 # ai.onnx ops whose first output has the first input's shape.
 _SHAPE_KEEPING = frozenset(
     {
-        "Identity", "Cast", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Neg", "Abs",
-        "Sqrt", "Exp", "Softmax", "LayerNormalization", "Dropout",
+        "Identity",
+        "Cast",
+        "Relu",
+        "LeakyRelu",
+        "Sigmoid",
+        "Tanh",
+        "Erf",
+        "Neg",
+        "Abs",
+        "Sqrt",
+        "Exp",
+        "Softmax",
+        "LayerNormalization",
+        "Dropout",
     }
 )
 _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
@@ -106,8 +118,8 @@ def _dim_origin(value: ir.Value, axis: int, depth: int = 0) -> tuple[ir.Value, i
     inputs = list(node.inputs)
     op = node.op_type
     found: tuple[ir.Value, int] | None = None
-    if op == "MatMul" and len(inputs) == 2:
-        a, b = inputs
+    if op == "MatMul" and len(inputs) == 2 and inputs[0] is not None and inputs[1] is not None:
+        a, b = inputs[0], inputs[1]
         if rank >= 2 and axis < rank - 1 and _rank(a) == rank and _rank(b) == 2:
             found = _dim_origin(a, axis, depth + 1)
         elif rank >= 3 and axis < rank - 2 and _rank(a) == rank and _rank(b) == rank:
@@ -127,13 +139,20 @@ def _dim_origin(value: ir.Value, axis: int, depth: int = 0) -> tuple[ir.Value, i
         shape = inputs[1].const_value if inputs[1] is not None else None
         if shape is not None and _int_attribute(node, "allowzero", 0) == 0:
             target = shape.numpy().reshape(-1).tolist()
-            if len(target) == rank and target[axis] == 0 and _rank(inputs[0]) is not None:
-                if axis < (_rank(inputs[0]) or 0):
-                    found = _dim_origin(inputs[0], axis, depth + 1)
-    elif op in _BROADCASTING and len(inputs) == 2 and None not in inputs:
-        x, y = inputs
+            source_rank = _rank(inputs[0])
+            if (
+                len(target) == rank
+                and target[axis] == 0
+                and source_rank is not None
+                and axis < source_rank
+            ):
+                found = _dim_origin(inputs[0], axis, depth + 1)
+    elif (
+        op in _BROADCASTING and len(inputs) == 2 and inputs[0] is not None and inputs[1] is not None
+    ):
+        x, y = inputs[0], inputs[1]
         rx, ry = _rank(x), _rank(y)
-        if rx is not None and ry is not None:
+        if rx is not None and ry is not None and x.shape is not None and y.shape is not None:
             px, py = axis - (rank - rx), axis - (rank - ry)
             if rx == rank and (py < 0 or y.shape[py] == 1):
                 found = _dim_origin(x, axis, depth + 1)
@@ -149,6 +168,8 @@ def _same_origin(
 ) -> tuple[ir.Value, int] | None:
     """The common origin of two broadcast dimensions that are the same dimension (so the
     result is that dimension too), else None."""
+    if x.shape is None or y.shape is None:
+        return None
     if isinstance(x.shape[ax], int) or isinstance(y.shape[ay], int):
         return None
     ox, oy = _dim_origin(x, ax, depth + 1), _dim_origin(y, ay, depth + 1)

@@ -169,7 +169,10 @@ def _remove_dead_producers(values: list[ir.Value], graph: ir.Graph) -> None:
             continue
         if any(o.uses() or o.is_graph_output() for o in node.outputs):
             continue
-        if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+        if any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+            for a in node.attributes.values()
+        ):
             continue
         pending.extend(v for v in node.inputs if v is not None)
         graph.remove(node, safe=True)
