@@ -57,6 +57,7 @@ ALL_EXPORTS: dict[str, tuple[ModelSpec, str, int]] = {
     export_name(spec, exporter, opset): (spec, exporter, opset)
     for spec in MODELS
     for exporter, opset in EXPORTERS
+    if spec.exporters is None or exporter in spec.exporters
 }
 
 

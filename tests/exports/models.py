@@ -37,6 +37,8 @@ class ModelSpec:
     notes: str = ""
     # input name -> axes that are dynamic (axis -> dim name)
     dynamic: dict[str, dict[int, str]] = field(default_factory=dict)
+    # the exporters ("legacy", "dynamo") that can export it; None: every one
+    exporters: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -255,6 +257,124 @@ def build_gpt2(c: dict[str, Any]) -> Built:
                 )
                 outputs.append(f"present_{kind}_{layer}")
     return Built(_Gpt2(model, c["layers"], c["past"]).eval(), inputs, outputs)
+
+
+class _Call(nn.Module):
+    """Calls a HuggingFace module (an encoder: no cache) with keyword inputs, one tensor out."""
+
+    def __init__(self, model: nn.Module, names: list[str], output: str) -> None:
+        super().__init__()
+        self.model, self.names, self.output = model, names, output
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(**dict(zip(self.names, args))), self.output)
+
+
+def build_whisper(c: dict[str, Any]) -> Built:
+    """Whisper's audio encoder: two Conv1d over mel features, then pre-LN self-attention
+    blocks without mask; the K projection has no bias, Q is scaled after its bias."""
+    from transformers import WhisperConfig, WhisperModel
+
+    torch.manual_seed(c["seed"])
+    config = WhisperConfig(
+        vocab_size=c["vocab"],
+        d_model=c["hidden"],
+        encoder_layers=c["layers"],
+        decoder_layers=c["layers"],
+        encoder_attention_heads=c["heads"],
+        decoder_attention_heads=c["heads"],
+        encoder_ffn_dim=c["hidden"] * 2,
+        decoder_ffn_dim=c["hidden"] * 2,
+        num_mel_bins=c["mel"],
+        max_source_positions=c["frames"],
+        max_target_positions=64,
+        pad_token_id=1,  # the defaults (50256, 50257) are outside the small vocabulary
+        bos_token_id=0,
+        eos_token_id=0,
+        decoder_start_token_id=0,
+        attn_implementation=c["attention"],
+    )
+    generator = torch.Generator().manual_seed(c["seed"])
+    features = torch.randn(BATCH, c["mel"], 2 * c["frames"], generator=generator)
+    inputs = {"input_features": features}
+    if c.get("decoder"):
+        # Encoder and decoder: causal self-attention, then cross-attention over the
+        # encoder's output, whose K projection has no bias either.
+        inputs["decoder_input_ids"] = torch.randint(
+            0, c["vocab"], (BATCH, SEQ), generator=generator
+        )
+        return _hf(WhisperModel(config), inputs, "last_hidden_state", c["seed"])
+    model = WhisperModel(config).get_encoder()
+    _perturb(model, c["seed"])
+    model.eval()
+    return Built(
+        _Call(model, list(inputs), "last_hidden_state").eval(), inputs, ["last_hidden_state"]
+    )
+
+
+def build_opt(c: dict[str, Any]) -> Built:
+    """OPT: pre-LN decoder blocks with the causal and padding mask; Q scaled after its bias."""
+    from transformers import OPTConfig, OPTModel
+
+    torch.manual_seed(c["seed"])
+    config = OPTConfig(
+        vocab_size=c["vocab"],
+        hidden_size=c["hidden"],
+        word_embed_proj_dim=c["hidden"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        ffn_dim=c["hidden"] * 2,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation=c["attention"],
+    )
+    inputs = _token_inputs(c["vocab"], True, c["seed"], *_sizes(c))
+    return _hf(OPTModel(config), inputs, "last_hidden_state", c["seed"])
+
+
+def build_beit(c: dict[str, Any]) -> Built:
+    """BEiT: ViT-like pre-LN blocks with layer scale; its K projection has no bias."""
+    from transformers import BeitConfig, BeitModel
+
+    torch.manual_seed(c["seed"])
+    config = BeitConfig(
+        hidden_size=c["hidden"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        intermediate_size=c["hidden"] * 2,
+        image_size=IMAGE,
+        patch_size=8,
+        attn_implementation=c["attention"],
+    )
+    generator = torch.Generator().manual_seed(c["seed"])
+    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
+    model = BeitModel(config, add_pooling_layer=False)
+    return _hf(model, {"pixel_values": pixels}, "last_hidden_state", c["seed"])
+
+
+def build_segformer(c: dict[str, Any]) -> Built:
+    """SegFormer's Mix Transformer encoder: efficient self-attention whose K and V come
+    from a strided-conv reduction of the sequence (sr_ratio), so Q, K, V read two inputs."""
+    from transformers import SegformerConfig, SegformerModel
+
+    torch.manual_seed(c["seed"])
+    config = SegformerConfig(
+        num_encoder_blocks=2,
+        depths=[1, 1],
+        sr_ratios=[2, 1],
+        hidden_sizes=[c["hidden"] // 2, c["hidden"]],
+        patch_sizes=[7, 3],
+        strides=[4, 2],
+        num_attention_heads=[1, c["heads"]],
+        mlp_ratios=[2, 2],
+        decoder_hidden_size=c["hidden"],
+        attn_implementation=c["attention"],
+    )
+    generator = torch.Generator().manual_seed(c["seed"])
+    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
+    return _hf(SegformerModel(config), {"pixel_values": pixels}, "last_hidden_state", c["seed"])
 
 
 class _ResidualBlock(nn.Module):
@@ -548,6 +668,10 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Built]] = {
     "t5": build_t5,
     "llama": build_llama,
     "gpt2": build_gpt2,
+    "whisper": build_whisper,
+    "opt": build_opt,
+    "beit": build_beit,
+    "segformer": build_segformer,
     "cnn": build_cnn,
 }
 
@@ -597,6 +721,87 @@ MODELS: list[ModelSpec] = [
     _text("t5-encoder", "t5", "t5", hidden=32, heads=4, decoder=False, mask=True),
     _text("t5-seq2seq", "t5", "t5", hidden=32, heads=4, decoder=True, mask=True),
     _text("llama-gqa", "llama", "gpt2", hidden=64, heads=4, kv_heads=2, mask=True),
+    # Whisper's audio encoder: attention with no mask and no bias term, K without bias.
+    ModelSpec(
+        "whisper-encoder",
+        "whisper",
+        {
+            "seed": 0,
+            "vocab": 100,
+            "hidden": 64,
+            "heads": 4,
+            "layers": 2,
+            "mel": 16,
+            "frames": 16,
+            "attention": "eager",
+        },
+        "bart",
+        4,
+        64,
+        dynamic={"input_features": {0: "batch"}},
+    ),
+    ModelSpec(
+        "whisper-seq2seq",
+        "whisper",
+        {
+            "seed": 0,
+            "vocab": 100,
+            "hidden": 64,
+            "heads": 4,
+            "layers": 2,
+            "mel": 16,
+            "frames": 16,
+            "attention": "eager",
+            "decoder": True,
+        },
+        "bart",
+        4,
+        64,
+        dynamic={
+            "input_features": {0: "batch"},
+            "decoder_input_ids": {0: "batch", 1: "decoder_seq"},
+        },
+        # the legacy exporter has no aten::diff, which the decoder's mask construction uses
+        exporters=("dynamo",),
+    ),
+    ModelSpec(
+        "whisper-encoder-sdpa",
+        "whisper",
+        {
+            "seed": 0,
+            "vocab": 100,
+            "hidden": 64,
+            "heads": 4,
+            "layers": 2,
+            "mel": 16,
+            "frames": 16,
+            "attention": "sdpa",
+        },
+        "bart",
+        4,
+        64,
+        dynamic={"input_features": {0: "batch"}},
+    ),
+    _text("opt", "opt", "opt", hidden=64, heads=4, mask=True),
+    _text("opt-sdpa", "opt", "opt", hidden=64, heads=4, mask=True, attention="sdpa"),
+    ModelSpec(
+        "beit",
+        "beit",
+        {"seed": 0, "hidden": 32, "heads": 4, "layers": 2, "attention": "eager"},
+        "vit",
+        4,
+        32,
+        dynamic=_IMAGES,
+    ),
+    ModelSpec(
+        "segformer",
+        "segformer",
+        {"seed": 0, "hidden": 32, "heads": 2, "attention": "eager"},
+        "vit",
+        2,
+        32,
+        dynamic=_IMAGES,
+    ),
     ModelSpec(
         "resnet-small", "cnn", {"seed": 0, "arch": "resnet", "width": 16}, None, dynamic=_IMAGES
     ),

@@ -58,13 +58,124 @@ Symbolic = tuple[int, list[Element]]
 
 
 def value_dims(value: ir.Value, label: str) -> list[int | Dim] | None:
-    """The dimensions of ``value``: ints where static, Dims otherwise (None: rank unknown)."""
+    """The dimensions of ``value``: ints where static, Dims otherwise (None: rank unknown).
+
+    A dimension that an op copies from one of its inputs (a MatMul by a 2-D matrix keeps
+    its left operand's leading dimensions, an elementwise op the dimensions its other
+    operand broadcasts along, a shape-keeping op all of them) is that input's Dim: the
+    same dimension, traced back to the value it comes from.
+    """
     if value.shape is None:
         return None
-    return [
-        dim if isinstance(dim, int) else Dim(id(value), axis, f"{label}.shape[{axis}]")
-        for axis, dim in enumerate(value.shape)
-    ]
+    dims: list[int | Dim] = []
+    for axis, dim in enumerate(value.shape):
+        if isinstance(dim, int):
+            dims.append(dim)
+            continue
+        origin, index = _dim_origin(value, axis)
+        dims.append(Dim(id(origin), index, f"{label}.shape[{axis}]"))
+    return dims
+
+
+# ai.onnx ops whose first output has the first input's shape.
+_SHAPE_KEEPING = frozenset(
+    {
+        "Identity",
+        "Cast",
+        "Relu",
+        "LeakyRelu",
+        "Sigmoid",
+        "Tanh",
+        "Erf",
+        "Neg",
+        "Abs",
+        "Sqrt",
+        "Exp",
+        "Softmax",
+        "LayerNormalization",
+        "Dropout",
+    }
+)
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    return None if value is None or value.shape is None else len(value.shape)
+
+
+def _dim_origin(value: ir.Value, axis: int, depth: int = 0) -> tuple[ir.Value, int]:
+    """The value (and its axis) whose dimension ``axis`` of ``value`` is a copy of."""
+    node = value.producer()
+    rank = _rank(value)
+    if (
+        depth >= _MAX_DEPTH
+        or node is None
+        or node.domain != ""
+        or rank is None
+        or node.outputs[0] is not value
+    ):
+        return value, axis
+    inputs = list(node.inputs)
+    op = node.op_type
+    found: tuple[ir.Value, int] | None = None
+    if op == "MatMul" and len(inputs) == 2 and inputs[0] is not None and inputs[1] is not None:
+        a, b = inputs[0], inputs[1]
+        if rank >= 2 and axis < rank - 1 and _rank(a) == rank and _rank(b) == 2:
+            found = _dim_origin(a, axis, depth + 1)
+        elif rank >= 3 and axis < rank - 2 and _rank(a) == rank and _rank(b) == rank:
+            found = _same_origin(a, b, axis, axis, depth)  # a batch axis of both
+        elif rank >= 2 and axis == rank - 2 and _rank(a) == rank:
+            found = _dim_origin(a, axis, depth + 1)  # A's rows
+        elif rank >= 2 and axis == rank - 1 and _rank(b) == rank:
+            found = _dim_origin(b, axis, depth + 1)  # B's columns
+    elif op in _SHAPE_KEEPING and inputs and inputs[0] is not None and _rank(inputs[0]) == rank:
+        found = _dim_origin(inputs[0], axis, depth + 1)
+    elif op == "Transpose" and inputs and inputs[0] is not None and _rank(inputs[0]) == rank:
+        perm = _ints_attribute(node, "perm") or list(reversed(range(rank)))
+        if len(perm) == rank:
+            found = _dim_origin(inputs[0], perm[axis], depth + 1)
+    elif op == "Reshape" and len(inputs) == 2 and inputs[0] is not None:
+        # a 0 in a constant shape copies the input's dimension (allowzero = 0)
+        shape = inputs[1].const_value if inputs[1] is not None else None
+        if shape is not None and _int_attribute(node, "allowzero", 0) == 0:
+            target = shape.numpy().reshape(-1).tolist()
+            source_rank = _rank(inputs[0])
+            if (
+                len(target) == rank
+                and target[axis] == 0
+                and source_rank is not None
+                and axis < source_rank
+            ):
+                found = _dim_origin(inputs[0], axis, depth + 1)
+    elif (
+        op in _BROADCASTING and len(inputs) == 2 and inputs[0] is not None and inputs[1] is not None
+    ):
+        x, y = inputs[0], inputs[1]
+        rx, ry = _rank(x), _rank(y)
+        if rx is not None and ry is not None and x.shape is not None and y.shape is not None:
+            px, py = axis - (rank - rx), axis - (rank - ry)
+            if rx == rank and (py < 0 or y.shape[py] == 1):
+                found = _dim_origin(x, axis, depth + 1)
+            elif ry == rank and (px < 0 or x.shape[px] == 1):
+                found = _dim_origin(y, axis, depth + 1)
+            elif px >= 0 and py >= 0:
+                found = _same_origin(x, y, px, py, depth)
+    return found if found is not None else (value, axis)
+
+
+def _same_origin(
+    x: ir.Value, y: ir.Value, ax: int, ay: int, depth: int
+) -> tuple[ir.Value, int] | None:
+    """The common origin of two broadcast dimensions that are the same dimension (so the
+    result is that dimension too), else None."""
+    if x.shape is None or y.shape is None:
+        return None
+    if isinstance(x.shape[ax], int) or isinstance(y.shape[ay], int):
+        return None
+    ox, oy = _dim_origin(x, ax, depth + 1), _dim_origin(y, ay, depth + 1)
+    if ox[0] is oy[0] and ox[1] == oy[1]:
+        return ox
+    return None
 
 
 def elements(value: ir.Value, constant_of: ConstantOf) -> Symbolic | None:

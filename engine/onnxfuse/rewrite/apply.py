@@ -98,8 +98,44 @@ def fold_and_type(created: list[ir.Node], context: ModelContext, folder: Folder)
         if id(output.producer()) in kept:
             output.type = None  # not folded after all: inferred whole below
     for node in remaining:
+        declared = _clear_partial_shapes(node)
         infer_node(node, context.opset(node.domain))
+        _merge_declared(declared)
     return remaining
+
+
+def _clear_partial_shapes(node: ir.Node) -> list[tuple[ir.Value, ir.TypeProtocol, ir.Shape]]:
+    """The outputs whose declared shape (kept from the replaced value) has dimensions
+    that are not static, with their type and shape, cleared so that inference runs on
+    them: a replacement can make a dimension known (a computed Reshape shape made
+    constant), and the graph's declared shape would hide that."""
+    declared = []
+    for output in node.outputs:
+        shape = output.shape
+        if output.type is None or shape is None or all(isinstance(d, int) for d in shape):
+            continue
+        declared.append((output, output.type, shape))
+        output.type = None
+        output.shape = None
+    return declared
+
+
+def _merge_declared(declared: list[tuple[ir.Value, ir.TypeProtocol, ir.Shape]]) -> None:
+    """The declared type and shape back, with each dimension inference found static where
+    the declared one was not (same element type and rank; anything else: as declared)."""
+    for output, type_, shape in declared:
+        inferred = output.shape
+        same = output.type == type_ and inferred is not None and len(inferred) == len(shape)
+        output.type = type_
+        if not same:
+            output.shape = shape
+            continue
+        assert inferred is not None
+        dims = [
+            new if not isinstance(old, int) and isinstance(new, int) else old
+            for old, new in zip(shape, inferred)
+        ]
+        output.shape = ir.Shape(dims)
 
 
 def _remove_match(match: Match, graph: ir.Graph) -> None:
@@ -110,10 +146,36 @@ def _remove_match(match: Match, graph: ir.Graph) -> None:
         for pnode, node in zip(match.source.nodes, match.nodes)
         if any(o is not None and o in kept_values for o in pnode.outputs)
     ]
-    graph.remove([n for n in match.nodes if all(n is not k for k in kept)], safe=True)
+    removed = [n for n in match.nodes if all(n is not k for k in kept)]
+    inputs = [v for n in match.nodes for v in n.inputs if v is not None]
+    graph.remove(removed, safe=True)
     for node in reversed(kept):  # consumers before producers
         if not any(o.uses() or o.is_graph_output() for o in node.outputs):
             graph.remove(node, safe=True)
+    _remove_dead_producers(inputs, graph)
+
+
+def _remove_dead_producers(values: list[ir.Value], graph: ir.Graph) -> None:
+    """Remove the nodes that computed only for the match: a producer of one of ``values``
+    (and, in turn, of its inputs) none of whose outputs is used any more. A shape
+    computation that sized a matched Reshape would otherwise keep the values it reads
+    alive, with a use outside the next match, until dead-code removal runs. Nodes with
+    subgraphs stay for dead-code removal."""
+    pending = list(values)
+    while pending:
+        value = pending.pop()
+        node = value.producer()
+        if node is None or node.graph is not graph:
+            continue
+        if any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        if any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+            for a in node.attributes.values()
+        ):
+            continue
+        pending.extend(v for v in node.inputs if v is not None)
+        graph.remove(node, safe=True)
 
 
 def _check_absent_inputs(

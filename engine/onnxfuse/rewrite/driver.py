@@ -44,6 +44,23 @@ def order_rules(rules: list[Rule]) -> list[Rule]:
     return [r for _, r in sorted(enumerate(rules), key=lambda p: (-p[1].benefit, p[0]))]
 
 
+def _remove_dead_nodes(graph: ir.Graph) -> None:
+    """Remove the nodes none of whose outputs is used (consumers first), so that the next
+    pass over the graph does not see their reads as uses outside a match: a computation a
+    rewrite or a fold left behind (a Shape whose result was folded) would otherwise block
+    the fusions of the values it reads until the final cleanup. Nodes with subgraphs
+    stay for the cleanup."""
+    for node in reversed(list(graph)):
+        if any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        if any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+            for a in node.attributes.values()
+        ):
+            continue
+        graph.remove(node, safe=True)
+
+
 class MatcherCache:
     """One matcher per rule and model context, reused by every fixpoint pass and phase
     (a matcher keeps only per-pattern caches, the target's verdicts and the last
@@ -106,6 +123,8 @@ class Driver:
             self.report.iterations = iteration
             changed = False
             for graph, context in self._graphs():
+                if iteration > 1:
+                    _remove_dead_nodes(graph)
                 changed |= self._fixpoint(graph, context, matchers)
                 if self.report.stopped:
                     return
