@@ -134,11 +134,10 @@ def build_albert(c: dict[str, Any]) -> Built:
     return _hf(model, inputs, "last_hidden_state", c["seed"])
 
 
-def build_vit(c: dict[str, Any]) -> Built:
-    from transformers import ViTConfig, ViTModel
-
+def _image_encoder(config_class, model_class, c: dict[str, Any]) -> Built:
+    """A ViT-like encoder (ViT, BEiT) on a batch of random images, without its pooler."""
     torch.manual_seed(c["seed"])
-    config = ViTConfig(
+    config = config_class(
         hidden_size=c["hidden"],
         num_hidden_layers=c["layers"],
         num_attention_heads=c["heads"],
@@ -149,8 +148,14 @@ def build_vit(c: dict[str, Any]) -> Built:
     )
     generator = torch.Generator().manual_seed(c["seed"])
     pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
-    model = ViTModel(config, add_pooling_layer=False)
+    model = model_class(config, add_pooling_layer=False)
     return _hf(model, {"pixel_values": pixels}, "last_hidden_state", c["seed"])
+
+
+def build_vit(c: dict[str, Any]) -> Built:
+    from transformers import ViTConfig, ViTModel
+
+    return _image_encoder(ViTConfig, ViTModel, c)
 
 
 def build_t5(c: dict[str, Any]) -> Built:
@@ -338,20 +343,7 @@ def build_beit(c: dict[str, Any]) -> Built:
     """BEiT: ViT-like pre-LN blocks with layer scale; its K projection has no bias."""
     from transformers import BeitConfig, BeitModel
 
-    torch.manual_seed(c["seed"])
-    config = BeitConfig(
-        hidden_size=c["hidden"],
-        num_hidden_layers=c["layers"],
-        num_attention_heads=c["heads"],
-        intermediate_size=c["hidden"] * 2,
-        image_size=IMAGE,
-        patch_size=8,
-        attn_implementation=c["attention"],
-    )
-    generator = torch.Generator().manual_seed(c["seed"])
-    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
-    model = BeitModel(config, add_pooling_layer=False)
-    return _hf(model, {"pixel_values": pixels}, "last_hidden_state", c["seed"])
+    return _image_encoder(BeitConfig, BeitModel, c)
 
 
 def build_segformer(c: dict[str, Any]) -> Built:

@@ -165,17 +165,21 @@ def _remove_dead_producers(values: list[ir.Value], graph: ir.Graph) -> None:
     while pending:
         value = pending.pop()
         node = value.producer()
-        if node is None or node.graph is not graph:
-            continue
-        if any(o.uses() or o.is_graph_output() for o in node.outputs):
-            continue
-        if any(
-            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-            for a in node.attributes.values()
-        ):
+        if node is None or node.graph is not graph or not removable_unused(node):
             continue
         pending.extend(v for v in node.inputs if v is not None)
         graph.remove(node, safe=True)
+
+
+def removable_unused(node: ir.Node) -> bool:
+    """No output of ``node`` is used or a graph output, and it holds no subgraph (those
+    are left to dead-code removal, which sees their outer reads)."""
+    if any(o.uses() or o.is_graph_output() for o in node.outputs):
+        return False
+    return not any(
+        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for a in node.attributes.values()
+    )
 
 
 def _check_absent_inputs(

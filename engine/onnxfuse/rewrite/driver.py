@@ -20,7 +20,7 @@ from onnxfuse.fold.folder import Folder
 from onnxfuse.graph.names import NameSource, region_hash
 from onnxfuse.graph.traversal import owned_graphs
 from onnxfuse.language.rule import Rule
-from onnxfuse.rewrite.apply import Blocked, apply_match, fold_and_type
+from onnxfuse.rewrite.apply import Blocked, apply_match, fold_and_type, removable_unused
 from onnxfuse.rewrite.conditions import RuleMatcher
 from onnxfuse.rewrite.matcher import Match, ModelContext, StructureMemo
 from onnxfuse.rewrite.report import Report, StopKind, StopReason
@@ -51,14 +51,8 @@ def _remove_dead_nodes(graph: ir.Graph) -> None:
     the fusions of the values it reads until the final cleanup. Nodes with subgraphs
     stay for the cleanup."""
     for node in reversed(list(graph)):
-        if any(o.uses() or o.is_graph_output() for o in node.outputs):
-            continue
-        if any(
-            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-            for a in node.attributes.values()
-        ):
-            continue
-        graph.remove(node, safe=True)
+        if removable_unused(node):
+            graph.remove(node, safe=True)
 
 
 class MatcherCache:
