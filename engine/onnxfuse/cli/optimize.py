@@ -47,6 +47,12 @@ def add_optimize_command(sub: argparse._SubParsersAction) -> None:
         "float weights (only for a target that runs no quantized op; quantized weights "
         "stay quantized otherwise)",
     )
+    optimize.add_argument(
+        "--no-provenance",
+        action="store_true",
+        help="do not record in each created node the rule that created it and the nodes "
+        "it replaced (metadata_props onnxfuse.rule and onnxfuse.replaced)",
+    )
     optimize.add_argument("--report-json", metavar="FILE", help="write the report as JSON")
     optimize.add_argument("-q", "--quiet", action="store_true", help="no terminal report")
     optimize.set_defaults(handler=_run_optimize)
@@ -79,6 +85,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
         max_rewrites=args.max_rewrites,
         progress=None if args.quiet else _progress,
         dequantize=args.dequantize,
+        provenance=not args.no_provenance,
     )
     if args.dequantize:
         check_dequantize(target)  # before the work: one line, exit 2

@@ -25,6 +25,7 @@ from onnxfuse.passes.cleanup import CleanupPass
 from onnxfuse.passes.normalize import NormalizePass, adopt_ir4_initializers
 from onnxfuse.passes.rewrite import FoldPass, RewritePass
 from onnxfuse.passes.state import RunState
+from onnxfuse.rewrite.apply import strip_provenance
 from onnxfuse.rewrite.driver import DEFAULT_MAX_ITERATIONS, Limits, MatcherCache
 from onnxfuse.rewrite.report import REPAIRS_META, Report, RuleStats
 from onnxfuse.targets.capabilities import Target
@@ -40,6 +41,8 @@ class Options:
     # Fold DequantizeLinear of constant weights into float weights: only for a target
     # that runs no quantized op (check_dequantize), never by default.
     dequantize: bool = False
+    # Each created node names its rule and the nodes it replaced (rewrite.apply).
+    provenance: bool = True
 
     def limits(self) -> Limits:
         return Limits(self.target, self.max_iterations, self.max_rewrites, self.progress)
@@ -122,6 +125,8 @@ def optimize(
             raise cause from None
         raise
     _restore_interface(model, interface)
+    if not options.provenance:
+        strip_provenance(list(all_graphs(model)))
     report.folded = state.require_folder().folded
     report.nodes_after = count_nodes(model)
     report.ops_after = op_histogram(model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,12 @@ from onnxfuse.ops import schemas
 from onnxfuse.ops.inference import infer_node, schema_dtypes
 from onnxfuse.rewrite.matcher import Match, ModelContext
 from onnxfuse.rewrite.plan import PlannedAttribute, plan_match
+
+# Provenance in each created node's metadata_props, for any viewer (Netron, onnx, the
+# profiler): the rule that created it, and the input model's nodes it stands for (a JSON
+# list; a node created from created nodes lists what they stood for).
+PROVENANCE_RULE = "onnxfuse.rule"
+PROVENANCE_REPLACED = "onnxfuse.replaced"
 
 
 class Blocked(Exception):
@@ -37,6 +44,10 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
 
     created: list[ir.Node] = []
     base = anchor.name or match.rule.name
+    provenance = {
+        PROVENANCE_RULE: match.rule.name,
+        PROVENANCE_REPLACED: json.dumps(replaced_sources(match.nodes)),
+    }
     _check_absent_inputs(match, env, context)
     for planned in plan_match(match, context).nodes:
         pnode = planned.pattern
@@ -53,6 +64,7 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
             num_outputs=len(pnode.outputs),
             name=names.fresh(f"{base}/{match.rule.name}"),
         )
+        node.metadata_props.update(provenance)
         for pvalue, output in zip(pnode.outputs, node.outputs):
             output.name = names.fresh(f"{base}/{pvalue.name if pvalue else 'unused'}")
             if pvalue is not None:
@@ -71,6 +83,36 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
         old.replace_all_uses_with(new, replace_graph_outputs=True)
     _remove_match(match, graph)
     return created
+
+
+def replaced_sources(nodes: list[ir.Node]) -> list[str]:
+    """The names of the input model's nodes that ``nodes`` stand for, in order, once each."""
+    names: dict[str, None] = {}
+    for node in nodes:
+        names.update(dict.fromkeys(_recorded_sources(node) or [node.name or ""]))
+    return list(names)
+
+
+def _recorded_sources(node: ir.Node) -> list[str] | None:
+    """What an earlier rewrite recorded; a value written by another tool is not ours."""
+    recorded = node.metadata_props.get(PROVENANCE_REPLACED)
+    if recorded is None:
+        return None
+    try:
+        sources = json.loads(recorded)
+    except ValueError:
+        return None
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        return None
+    return sources
+
+
+def strip_provenance(graphs: list[ir.Graph]) -> None:
+    """Remove the provenance keys (``--no-provenance``)."""
+    for graph in graphs:
+        for node in graph:
+            node.metadata_props.pop(PROVENANCE_RULE, None)
+            node.metadata_props.pop(PROVENANCE_REPLACED, None)
 
 
 def fold_and_type(created: list[ir.Node], context: ModelContext, folder: Folder) -> list[ir.Node]:
