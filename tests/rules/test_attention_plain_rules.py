@@ -86,3 +86,72 @@ def test_legacy_whisper_attention_packs_into_attention():
         for batch in (1, 3):
             feeds = random_feeds(model, seed=batch, dims={"batch": batch})
             assert_close(run(optimized, feeds), run(model, feeds))
+
+
+def sdpa_symbolic_attention() -> onnx.ModelProto:
+    """torch's SDPA decomposition as the dynamo exporter writes it for a BERT-style encoder
+    of symbolic batch and sequence: Q and K each scaled by sqrt(scale), Kᵀ through reshapes
+    whose shapes are computed from Shape(kh), an additive Where mask, the IsNaN guard."""
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.uniform(-0.5, 0.5, (HIDDEN, HIDDEN)).astype(np.float32), w)
+        for w in ("Wq", "Wk", "Wv")
+    ]
+    inits += [
+        _const("split", [0, 0, HEADS, HEAD]),
+        _const("merge", [0, 0, -1]),
+        _const("minus1", [-1]),
+        _const("minus2", [-2]),
+        _const("first", [np.iinfo(np.int64).min]),
+        _const("head", [HEAD]),
+        numpy_helper.from_array(np.array(HEAD**-0.25, np.float32), "root_scale"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "lowest"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero_p"),
+    ]
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["X", "Wq"], ["q"]),
+        n("Reshape", ["q", "split"], ["qr"]),
+        n("Transpose", ["qr"], ["qt"], perm=[0, 2, 1, 3]),
+        n("MatMul", ["X", "Wk"], ["k"]),
+        n("Reshape", ["k", "split"], ["kr"]),
+        n("Transpose", ["kr"], ["kh"], perm=[0, 2, 1, 3]),
+        n("Shape", ["kh"], ["kh_shape"]),
+        n("Slice", ["kh_shape", "minus2", "minus1"], ["kh_seq"]),
+        n("Slice", ["kh_shape", "first", "minus2"], ["kh_lead"]),
+        n("Concat", ["minus1", "kh_seq", "head"], ["S1"], axis=0),
+        n("Reshape", ["kh", "S1"], ["k3"]),
+        n("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]),
+        n("Concat", ["kh_lead", "head", "kh_seq"], ["S2"], axis=0),
+        n("Reshape", ["k3t", "S2"], ["kt"]),
+        n("MatMul", ["X", "Wv"], ["v"]),
+        n("Reshape", ["v", "split"], ["vr"]),
+        n("Transpose", ["vr"], ["vt"], perm=[0, 2, 1, 3]),
+        n("Mul", ["qt", "root_scale"], ["qs"]),
+        n("Mul", ["kt", "root_scale"], ["ks"]),
+        n("MatMul", ["qs", "ks"], ["scores"]),
+        n("Where", ["C", "zero", "lowest"], ["M"]),
+        n("Add", ["scores", "M"], ["masked"]),
+        n("Softmax", ["masked"], ["p"], axis=-1),
+        n("IsNaN", ["p"], ["nan"]),
+        n("Where", ["nan", "zero_p", "p"], ["pz"]),
+        n("MatMul", ["pz", "vt"], ["o"]),
+        n("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+        n("Reshape", ["ot", "merge"], ["Y"]),
+    ]
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", "seq", HIDDEN])
+    c = helper.make_tensor_value_info("C", TensorProto.BOOL, ["batch", 1, "seq", "seq"])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", "seq", HIDDEN])
+    return make_model(nodes, [x, c], [y], inits, opset=18)
+
+
+def test_sdpa_attention_with_shapes_computed_on_symbolic_dims_fuses():
+    model = sdpa_symbolic_attention()
+    report, optimized = optimize_proto(model, select_rules(), target=load_target("cpu"))
+    assert report.rules["ort-mha-sdpa-mask-scaled"].applied == 1
+    # The projections' weights are constants here: the attention packs them too.
+    assert [node.op_type for node in optimized.graph.node] == ["Where", "Attention"]
+    for batch, seq in ((1, 3), (2, 5)):
+        feeds = random_feeds(model, seed=seq, dims={"batch": batch, "seq": seq})
+        assert_close(run(optimized, feeds), run(model, feeds))

@@ -69,10 +69,10 @@ KNOWN_GAPS: dict[str, str] = {
         "targets on symbolic height/width stay (2 Concat, 2 Gather, 2 Unsqueeze, 1 Shape)"
     ),
     "minilm-l6-int8": (
-        "312 vs onnxscript 155: self-attention not fused (onnxscript: 6 Attention); each "
-        "layer keeps MatMul/Reshape/Transpose/Softmax and torch's SDPA mask (IsNaN/Where). "
-        "The int8 weights stay int8 (Cast + Mul, as onnxscript keeps them; folding them "
-        "would store 90 MB of float32), and the attention and Gemm rules need constant weights"
+        "166 vs onnxscript 155: onnxscript packs each layer's Q, K and V projections into "
+        "Attention with weights concatenated at run time; onnxfuse keeps the three MatMuls "
+        "under MultiHeadAttention, since the int8 weights stay int8 (Cast + Mul, as "
+        "onnxscript keeps them) and packing them would concatenate on every run"
     ),
 }
 
