@@ -35,6 +35,8 @@ EXPECTED_RULES = {
     "dropout-elim",
     "mul-one-elim",
     "div-one-elim",
+    "focus-space-to-depth",
+    "gather-channels-conv-fold",
     "cast-noop",
     "transpose-noop",
     "reshape-noop",

@@ -60,10 +60,6 @@ KNOWN_GAPS: dict[str, str] = {
     "silero-vad-v6": f"142 vs onnxscript 116: 15 If left (onnxscript 3): {RANK_IFS}",
     "silero-vad-16k-op15": f"73 vs onnxscript 60: 7 If left (onnxscript 1): {RANK_IFS}",
     "silero-vad-half": f"70 vs onnxscript 57: 7 If left (onnxscript 1): {RANK_IFS}",
-    "ddddocr-det": (
-        "197 vs ORT ext 192: the Focus stem's 6 strided Slice + Concat stay "
-        "(onnxruntime makes one SpaceToDepth + Gather)"
-    ),
     "nudenet-320n": (
         "265 vs ORT ext 258: Shape/Gather/Unsqueeze/Concat of the detect head's Reshape "
         "targets on symbolic height/width stay (2 Concat, 2 Gather, 2 Unsqueeze, 1 Shape)"
