@@ -234,9 +234,7 @@ def _read_proto(
     protobuf parses 1 MB instead of 440). Text formats, named by their extensions, go
     through onnx. ``split``: False parses the whole file."""
     if _format(path) != "protobuf":
-        with warnings.catch_warnings():  # onnx calls its text format experimental
-            warnings.simplefilter("ignore")
-            return onnx.load_model(str(path), load_external_data=False), {}, None, {}
+        return read_proto(path), {}, None, {}
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
         stat = os.fstat(file.fileno())
         view = memoryview(data)
@@ -535,9 +533,17 @@ _TYPED_FIELDS = (
 )
 
 
+def read_proto(path: Path) -> onnx.ModelProto:
+    """The model file as onnx reads it, in any format its extension names, without its
+    external data: a text format without onnx's warning that it is experimental."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return onnx.load_model(str(path), load_external_data=False)
+
+
 def _check_file(path: Path, target: Target | None) -> str | None:
     """The checker's first complaint about a model file, or None."""
-    proto = onnx.load_model(str(path), load_external_data=False)
+    proto = read_proto(path)
     return _check_loaded(path, proto, target)
 
 

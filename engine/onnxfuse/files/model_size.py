@@ -17,6 +17,7 @@ from pathlib import Path
 import onnx
 
 from onnxfuse.files.input_files import InputFiles
+from onnxfuse.files.model_io import read_proto
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,7 @@ def size_change(before: int, source: InputFiles, output: Path) -> SizeChange:
 
 
 def _growth(source: Path, output: Path) -> Iterator[tuple[str, int]]:
-    old = onnx.load(source, load_external_data=False)
-    new = onnx.load(output, load_external_data=False)
+    old, new = read_proto(source), read_proto(output)
     infos_before, infos_after = _value_infos(old.graph), _value_infos(new.graph)
     grown = sum(i.ByteSize() for i in infos_after) - sum(i.ByteSize() for i in infos_before)
     if grown > 0:
