@@ -256,7 +256,8 @@ def compare(
     targets: tuple[str, ...] = (),
 ) -> dict:
     """Each of `tools` on `source`: {tool: Result}. `want` is the original model's own output.
-    Each of `targets` adds onnxfuse for that target as the tool `onnxfuse-<target>`."""
+    Each of `targets` adds onnxfuse for that target, with the rules selected for it, as the
+    tool `onnxfuse-<target>`."""
     want = run(source, feeds)
     runners = {
         "onnxfuse": _run_onnxfuse,
@@ -275,13 +276,17 @@ def compare(
             tool, out, feeds, want, lambda o, r=runner: r(source, o, spec, rules)
         )
     for target in targets:
+        from onnxfuse.api import select_rules
+
         tool = f"onnxfuse-{target}"
+        # The packs that target's optimization loads, as `onnxfuse optimize --target` does.
+        target_rules = select_rules(target=target)
         results[tool] = _measure(
             tool,
             workdir / f"{tool}.onnx",
             feeds,
             want,
-            lambda o, t=target: _run_onnxfuse(source, o, spec, rules, t),
+            lambda o, t=target, r=target_rules: _run_onnxfuse(source, o, spec, r, t),
         )
     return results
 

@@ -50,14 +50,14 @@ _MOVES_DATA = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Ident
 # Models where onnxfuse for cpu has more nodes than ORT_ENABLE_EXTENDED, and why.
 NODE_UNITS = "QDQ node units not fused into QLinear ops"
 KNOWN_GAPS: dict[str, str] = {
-    "resnet-small-dynamo18.qdq-s8s8-pc": f"{NODE_UNITS} (50 vs 33)",
-    "resnet-small-dynamo18.qdq-u8s8": f"{NODE_UNITS} (50 vs 16)",
-    "mobilenet-relu6-legacy17.qdq-s8s8-pc": f"{NODE_UNITS} (69 vs 39)",
-    "mobilenetv3-small-legacy17.qdq-u8s8": f"{NODE_UNITS} (252 vs 100)",
+    "resnet-small-dynamo18.qdq-s8s8-pc": f"{NODE_UNITS} (48 vs 33)",
+    "resnet-small-dynamo18.qdq-u8s8": f"{NODE_UNITS} (48 vs 16)",
+    "mobilenet-relu6-legacy17.qdq-s8s8-pc": f"{NODE_UNITS} (67 vs 39)",
+    "mobilenetv3-small-legacy17.qdq-u8s8": f"{NODE_UNITS} (250 vs 100)",
     "efficientnet-small-dynamo18.qdq-u8s8": f"{NODE_UNITS} (181 vs 59)",
-    "convnext-small-dynamo18.qdq-s8s8-pc": f"{NODE_UNITS} (147 vs 119)",
-    "vit-legacy17.qdq-s8s8-pc": f"{NODE_UNITS} (273 vs 227)",
-    "bert-mask-legacy17.qdq-u8s8": f"{NODE_UNITS} (319 vs 170)",
+    "convnext-small-dynamo18.qdq-s8s8-pc": f"{NODE_UNITS} (137 vs 119)",
+    "vit-legacy17.qdq-s8s8-pc": f"{NODE_UNITS} (237 vs 227)",
+    "bert-mask-legacy17.qdq-u8s8": f"{NODE_UNITS} (281 vs 170)",
 }
 
 
