@@ -31,7 +31,8 @@ import onnx
 import onnxruntime as ort
 
 from .anchors import quiet
-from .export import Export, cache_dir, export_by_name
+from .export import ALL_EXPORTS, Export, cache_dir, export_by_name, export_name, get_export
+from .models import BENCH_EXPORTS, BENCH_MODELS_BY_NAME
 
 QUANTIZE_VERSION = 1
 CALIBRATION_SAMPLES = 4
@@ -55,6 +56,17 @@ CORPUS = (
     "bert-mask-legacy17.int4-qdq",
     "llama-gqa-dynamo18.int4-qdq",
 )
+# bench/quantized.py's latency models: bench-size CNNs (one 224x224 image), S8S8 and U8S8.
+BENCH_CORPUS = (
+    "resnet-bench-dynamo18.qdq-s8s8-pc",
+    "resnet-bench-dynamo18.qdq-u8s8",
+    "mobilenetv2-bench-dynamo18.qdq-s8s8-pc",
+    "mobilenetv2-bench-dynamo18.qdq-u8s8",
+)
+_BENCH = {
+    export_name(spec, exporter, opset): (spec, exporter, opset)
+    for spec, exporter, opset in ((BENCH_MODELS_BY_NAME[m], e, o) for m, e, o in BENCH_EXPORTS)
+}
 
 
 @dataclass(frozen=True)
@@ -71,16 +83,12 @@ class Quantized:
         return self.export.feeds
 
 
-def corpus_name(export: str, setting: str) -> str:
-    return f"{export}.{setting}"
-
-
 def get_quantized(name: str) -> Quantized:
     """The corpus entry `export.setting`, quantized now if not cached."""
-    export_name, setting = name.rsplit(".", 1)
+    source, setting = name.rsplit(".", 1)
     if setting not in SETTINGS:
         raise ValueError(f"unknown quantizer setting {setting!r} (one of {', '.join(SETTINGS)})")
-    export = export_by_name(export_name)
+    export = export_by_name(source) if source in ALL_EXPORTS else get_export(*_BENCH[source])
     blob = json.dumps(
         {
             "export": export.path.name,
