@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 
-from .anchors import quiet
+from .anchors import ATOL, RTOL, quiet
 from .export import ALL_EXPORTS, Export, cache_dir, export_by_name, export_name, get_export
 from .models import BENCH_EXPORTS, BENCH_MODELS_BY_NAME
 
@@ -108,6 +109,37 @@ def get_quantized(name: str) -> Quantized:
                 _quantize(export, setting, Path(tmp), out)
             os.replace(out, path)
     return Quantized(name, export, setting, path)
+
+
+# Ops an output's value passes through unchanged on its way from a DequantizeLinear.
+_MOVES_DATA = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
+
+
+def output_steps(model: onnx.ModelProto) -> list[float | None]:
+    """Per graph output, the largest scale of the DequantizeLinear it is read from."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    scales = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    steps: list[float | None] = []
+    for output in model.graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.op_type in _MOVES_DATA:
+            node = producers.get(node.input[0])
+        scale = None
+        if node is not None and node.op_type == "DequantizeLinear" and node.input[1] in scales:
+            scale = float(np.abs(scales[node.input[1]]).max())
+        steps.append(scale)
+    return steps
+
+
+def differences(got: list[np.ndarray], want: list[np.ndarray], steps) -> list[float]:
+    """Per output, the largest difference in quantization steps, or, without a step, in
+    units of the float tolerance."""
+    out = []
+    for g, w, step in zip(got, want, steps):
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        unit = step if step is not None else ATOL + RTOL * np.abs(w64)
+        out.append(float((np.abs(g64 - w64) / unit).max(initial=0.0)))
+    return out
 
 
 class _RandomFeeds:

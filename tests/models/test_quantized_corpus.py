@@ -16,15 +16,13 @@ Asserted per model and target:
 - onnxfuse for cpu has at most the nodes of ORT_ENABLE_EXTENDED, or the model is in
   KNOWN_GAPS (asserted exactly: a model that reaches parity fails until it is removed).
 
-An output's quantization step is the scale of the DequantizeLinear it is read from
-(through data-movement ops); an output that is not dequantized (dynamic and weight-only
-models compute in float) has no step and must keep the float tolerance of
-tests/exports/anchors.py.
+Differences are counted in quantization steps (tests/exports/quantize.py, `differences`);
+an output that is not dequantized (dynamic and weight-only models compute in float) has no
+step and must keep the float tolerance of tests/exports/anchors.py.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
@@ -33,9 +31,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime.quantization")
 
-from exports.anchors import ATOL, RTOL, compare, run, session
-from exports.quantize import CORPUS, get_quantized
-from onnx import numpy_helper
+from exports.anchors import compare, run, session
+from exports.quantize import CORPUS, differences, get_quantized, output_steps
 
 from onnxfuse.api import select_rules
 
@@ -44,8 +41,6 @@ pytestmark = pytest.mark.slow
 TARGETS = ("qnn", "nnapi")  # besides cpu, the compare's own "onnxfuse" tool
 TOOLS = ("onnxfuse", "ort-extended")
 LARGER_AT_MOST = 1.05
-# Ops an output's value passes through unchanged on its way from a DequantizeLinear.
-_MOVES_DATA = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
 
 # Models where onnxfuse for cpu has more nodes than ORT_ENABLE_EXTENDED, and why.
 NODE_UNITS = "QDQ node units not fused into QLinear ops"
@@ -109,33 +104,6 @@ def quantized_constants(model: onnx.ModelProto) -> int:
         for n in model.graph.node
         if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.input[0] in constants
     )
-
-
-def output_steps(model: onnx.ModelProto) -> list[float | None]:
-    """Per graph output, the largest scale of the DequantizeLinear it is read from."""
-    producers = {o: n for n in model.graph.node for o in n.output}
-    scales = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    steps: list[float | None] = []
-    for output in model.graph.output:
-        node = producers.get(output.name)
-        while node is not None and node.op_type in _MOVES_DATA:
-            node = producers.get(node.input[0])
-        scale = None
-        if node is not None and node.op_type == "DequantizeLinear" and node.input[1] in scales:
-            scale = float(np.abs(scales[node.input[1]]).max())
-        steps.append(scale)
-    return steps
-
-
-def differences(got: list[np.ndarray], want: list[np.ndarray], steps) -> list[float]:
-    """Per output, the largest difference in quantization steps, or, without a step, in
-    units of the float tolerance."""
-    out = []
-    for g, w, step in zip(got, want, steps):
-        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        unit = step if step is not None else ATOL + RTOL * np.abs(w64)
-        out.append(float((np.abs(g64 - w64) / unit).max(initial=0.0)))
-    return out
 
 
 @pytest.mark.parametrize("name", CORPUS)
