@@ -24,7 +24,8 @@ cached. For each, in one process:
   (tests/exports/anchors.py `round_robin`).
 
 `--markdown` writes the table as the "Quantized models" section of docs/parity.md (or
-FILE), replacing that section if there is one.
+FILE), replacing that section if there is one (bench/parity.py keeps it when it rewrites
+the rest).
 """
 
 from __future__ import annotations

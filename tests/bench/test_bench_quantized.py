@@ -43,3 +43,11 @@ def test_quantized_ops_are_the_integer_kernels():
     )
     assert quantized.quantized_ops(ops) == "MatMulNBits 3, QGemm 1, QLinearConv 2"
     assert quantized.quantized_ops(collections.Counter({"Conv": 1})) == "-"
+
+
+def test_parity_keeps_the_quantized_section_when_it_rewrites_the_file():
+    import parity  # bench/parity.py
+
+    text = "# Parity\n\n## Exports\n\nold\n\n## Quantized models\n\nrows\n\n## Later\n"
+    assert parity.kept_sections(text) == ["", "## Quantized models", "", "rows", ""]
+    assert parity.kept_sections("# Parity\n\n## Exports\n") == []
