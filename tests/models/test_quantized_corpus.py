@@ -13,6 +13,7 @@ Asserted per model and target:
   these small models they are up to 13% of the file);
 - its outputs are within one quantization step of the original's, and move at all only
   where onnxruntime's own ORT_ENABLE_EXTENDED result moves them too;
+- for cpu, an S8S8 model's activations are all uint8 and its weights still int8;
 - onnxfuse for cpu has at most the nodes of ORT_ENABLE_EXTENDED, or the model is in
   KNOWN_GAPS (asserted exactly: a model that reaches parity fails until it is removed).
 
@@ -33,6 +34,7 @@ pytest.importorskip("onnxruntime.quantization")
 
 from exports.anchors import compare, run, session
 from exports.quantize import CORPUS, differences, get_quantized, output_steps
+from onnx import numpy_helper
 
 from onnxfuse.api import select_rules
 
@@ -140,6 +142,29 @@ def test_weights_stay_quantized_for_qdq_targets(name, target, measured):
     before = quantized_constants(onnx.load(quantized.path))
     after = quantized_constants(onnx.load(ours.path))
     assert after >= before, f"{name} for {target}: {before} quantized constants -> {after}"
+
+
+@pytest.mark.parametrize("name", [n for n in CORPUS if n.endswith(".qdq-s8s8-pc")])
+def test_s8s8_activations_become_uint8_and_weights_stay_int8_for_cpu(name, measured):
+    # Past onnxruntime, which converts only the int8 pairs whose QuantizeLinear has one
+    # consumer: on x86 its QLinear kernels take uint8 activations only.
+    quantized, results = measured(name)
+    ours = results["onnxfuse"]
+    _ran(ours)
+    model = onnx.load(ours.path)
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    outputs = [types.get(n.input[2]) for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert outputs and set(outputs) == {onnx.TensorProto.UINT8}, outputs
+
+    def int8_weights(m: onnx.ModelProto) -> int:
+        # Weights are 2-D at least; the 1-D zero points of equal values may be merged.
+        return sum(
+            numpy_helper.to_array(i).size
+            for i in m.graph.initializer
+            if i.data_type == onnx.TensorProto.INT8 and len(i.dims) >= 2
+        )
+
+    assert int8_weights(model) == int8_weights(onnx.load(quantized.path))
 
 
 @pytest.mark.parametrize("name", CORPUS)
