@@ -438,9 +438,30 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(command.strip(), export, peer, args.runs)
     print(text)
     if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
+        path = Path(args.markdown)
+        kept = kept_sections(path.read_text()) if path.exists() else []
+        path.write_text("\n".join([text, *kept]).rstrip("\n") + "\n")
         print(f"wrote {args.markdown}", file=sys.stderr)
     return 0
+
+
+# Sections of docs/parity.md other benchmarks write (bench/quantized.py); a run of this
+# one keeps them as they are.
+OTHER_SECTIONS = ("## Quantized models",)
+
+
+def kept_sections(text: str) -> list[str]:
+    """The lines of ``text``'s OTHER_SECTIONS, each from its heading to the next one."""
+    lines = text.rstrip("\n").split("\n")
+    kept: list[str] = []
+    for heading in OTHER_SECTIONS:
+        if heading in lines:
+            start = lines.index(heading)
+            end = next(
+                (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+            )
+            kept += ["", *lines[start:end]]
+    return kept
 
 
 if __name__ == "__main__":

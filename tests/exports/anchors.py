@@ -137,12 +137,12 @@ def quiet():
         root.setLevel(level)
 
 
-def _run_onnxfuse(source: Path, out: Path, spec, rules) -> str:
+def _run_onnxfuse(source: Path, out: Path, spec, rules, target: str = "cpu") -> str:
     from onnxfuse.api import optimize_file
     from onnxfuse.passes.pipeline import Options
     from onnxfuse.targets.capabilities import load_target
 
-    report = optimize_file(source, out, rules, Options(target=load_target("cpu")))
+    report = optimize_file(source, out, rules, Options(target=load_target(target)))
     # Why the output is larger than the input, when it is: the report must say.
     return "; ".join(report.larger_because)
 
@@ -253,8 +253,11 @@ def compare(
     feeds: dict[str, np.ndarray],
     rules,
     tools: tuple[str, ...] = TOOLS,
+    targets: tuple[str, ...] = (),
 ) -> dict:
-    """Each of `tools` on `source`: {tool: Result}. `want` is the original model's own output."""
+    """Each of `tools` on `source`: {tool: Result}. `want` is the original model's own output.
+    Each of `targets` adds onnxfuse for that target, with the rules selected for it, as the
+    tool `onnxfuse-<target>`."""
     want = run(source, feeds)
     runners = {
         "onnxfuse": _run_onnxfuse,
@@ -271,6 +274,19 @@ def compare(
         runner = runners[tool]
         results[tool] = _measure(
             tool, out, feeds, want, lambda o, r=runner: r(source, o, spec, rules)
+        )
+    for target in targets:
+        from onnxfuse.api import select_rules
+
+        tool = f"onnxfuse-{target}"
+        # The packs that target's optimization loads, as `onnxfuse optimize --target` does.
+        target_rules = select_rules(target=target)
+        results[tool] = _measure(
+            tool,
+            workdir / f"{tool}.onnx",
+            feeds,
+            want,
+            lambda o, t=target, r=target_rules: _run_onnxfuse(source, o, spec, r, t),
         )
     return results
 
