@@ -17,17 +17,19 @@ def warn_repairs(repairs: Iterable[Repair]) -> None:
 def format_report(report: Report, source: str, output: str | None) -> str:
     lines = [f"onnxfuse optimize {source}"]
     lines.extend(f"  {repair}" for repair in report.repairs)
-    fired = [(name, s) for name, s in report.rules.items() if s.matched or s.applied]
-    if fired:
-        width = max(len(name) for name, _ in fired)
+    tried = [(name, s) for name, s in report.rules.items() if s.tried]
+    if tried:
+        width = max(len(name) for name, _ in tried)
         lines.append("")
-        lines.append(f"  {'rule':<{width}}  {'matched':>7}  {'applied':>7}  {'ms':>8}")
-        for name, stats in sorted(fired, key=lambda p: (-p[1].applied, p[0])):
+        lines.append(
+            f"  {'rule':<{width}}  {'matched':>7}  {'applied':>7}  {'blocked':>7}  {'ms':>8}"
+        )
+        for name, stats in sorted(tried, key=lambda p: (-p[1].applied, -p[1].blocked, p[0])):
             lines.append(
-                f"  {name:<{width}}  {stats.matched:>7}  {stats.applied:>7}"
+                f"  {name:<{width}}  {stats.matched:>7}  {stats.applied:>7}  {stats.blocked:>7}"
                 f"  {stats.seconds * 1000:>8.1f}"
             )
-    else:
+    if not any(s.applied for _, s in tried):
         lines.append("  no rule fired")
     blocked = sorted((name, s) for name, s in report.rules.items() if s.blocked)
     for name, stats in blocked:

@@ -106,6 +106,7 @@ class Driver:
         )
         self.states: dict[int, int] = {}  # structural hash -> position in history
         self.history: list[str] = []
+        self.blocked_at: dict[tuple[str, int], ir.Node] = {}
         self.last_progress = time.perf_counter()
         self._owners: dict[int, tuple[ir.Graph, ir.Function]] | None = None
 
@@ -152,6 +153,9 @@ class Driver:
                 match = matcher.match(node)
                 if match is None:
                     stats.seconds += time.perf_counter() - started
+                    refused = matcher.mismatch
+                    if refused is not None and refused.blocks:
+                        self._block(rule, node, refused.reason)
                     continue
                 stats.matched += 1
                 created = self._apply(match, context)
@@ -191,9 +195,7 @@ class Driver:
         try:
             created = apply_match(match, context, self.names)
         except Blocked as exc:
-            stats = self.report.rules[match.rule.name]
-            stats.blocked += 1
-            stats.blocked_reason = stats.blocked_reason or str(exc)
+            self._block(match.rule, match.nodes[0], str(exc))
             return None  # nothing changed: not part of any cycle
         self.history.append(match.rule.name)
         self.signatures.add(signature)
@@ -202,6 +204,17 @@ class Driver:
         self._add_opset_imports(match.rule, created)
         self.report.rewrites += 1
         return fold_and_type(created, context, self.folder)
+
+    def _block(self, rule: Rule, node: ir.Node, reason: str) -> None:
+        """Count a rewrite left undone, once per rule and node however often the node is
+        tried again (every fixpoint pass tries it)."""
+        key = (rule.name, id(node))
+        if key in self.blocked_at:
+            return
+        self.blocked_at[key] = node  # kept alive: its id names no other node
+        stats = self.report.rules[rule.name]
+        stats.blocked += 1
+        stats.blocked_reason = stats.blocked_reason or reason
 
     def _add_opset_imports(self, rule: Rule, created: list[ir.Node]) -> None:
         owner = self._owner(created[0].graph) if created else None

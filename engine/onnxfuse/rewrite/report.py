@@ -79,6 +79,11 @@ class RuleStats:
     blocked: int = 0  # matches whose rewrite would break an invariant, not applied
     blocked_reason: str | None = None  # the first such reason
 
+    @property
+    def tried(self) -> bool:
+        """The rule matched somewhere, or would have but was blocked."""
+        return bool(self.matched or self.applied or self.blocked)
+
 
 @dataclass
 class Report:
