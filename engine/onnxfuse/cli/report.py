@@ -34,6 +34,10 @@ def format_report(report: Report, source: str, output: str | None) -> str:
     blocked = sorted((name, s) for name, s in report.rules.items() if s.blocked)
     for name, stats in blocked:
         lines.append(f"  blocked: {name} ({stats.blocked}x): {stats.blocked_reason}")
+    if report.trace is not None:
+        lines.append("")
+        lines.append(f"  trace ({len(report.trace)} rewrites):")
+        lines.extend(f"  {k:>4}. {step}" for k, step in enumerate(report.trace, 1))
     lines.append("")
     change = report.nodes_after - report.nodes_before
     lines.append(

@@ -40,6 +40,7 @@ class Options:
     # Fold DequantizeLinear of constant weights into float weights: only for a target
     # that runs no quantized op (check_dequantize), never by default.
     dequantize: bool = False
+    trace: bool = False  # keep each rewrite in the report's ``trace``
 
     def limits(self) -> Limits:
         return Limits(self.target, self.max_iterations, self.max_rewrites, self.progress)
@@ -99,6 +100,7 @@ def optimize(
     report = Report(nodes_before=count_nodes(model), ops_before=op_histogram(model))
     report.rules = {rule.name: RuleStats() for rule in rules}
     report.repairs = list(model.meta.get(REPAIRS_META, ()))  # made when it was read
+    report.trace = [] if options.trace else None
     adopt_ir4_initializers(model)  # before the interface is read: those inputs go
     interface = _interface(model)
     if options.dequantize:

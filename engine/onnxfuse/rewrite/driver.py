@@ -23,7 +23,7 @@ from onnxfuse.language.rule import Rule
 from onnxfuse.rewrite.apply import Blocked, apply_match, fold_and_type, removable_unused
 from onnxfuse.rewrite.conditions import RuleMatcher
 from onnxfuse.rewrite.matcher import Match, ModelContext, StructureMemo
-from onnxfuse.rewrite.report import Report, StopKind, StopReason
+from onnxfuse.rewrite.report import Report, StopKind, StopReason, TraceStep
 from onnxfuse.targets.capabilities import Target
 
 DEFAULT_MAX_ITERATIONS = 10
@@ -53,6 +53,22 @@ def _remove_dead_nodes(graph: ir.Graph) -> None:
     for node in reversed(list(graph)):
         if removable_unused(node):
             graph.remove(node, safe=True)
+
+
+def _step(
+    match: Match, anchor: ir.Node, created: list[ir.Node], left: list[ir.Node], main: ir.Graph
+) -> TraceStep:
+    """A rewrite as the trace shows it; the nodes of the match a ``keep`` left in the graph
+    are not replaced."""
+    graph = created[0].graph if created else None
+    return TraceStep(
+        rule=match.rule.name,
+        anchor=anchor.name or "",
+        replaced=tuple(n.name or "" for n in match.nodes if n.graph is None),
+        created=tuple(n.name or "" for n in left),
+        folded=len(created) - len(left),
+        graph="" if graph is None or graph is main else (graph.name or "<subgraph>"),
+    )
 
 
 class MatcherCache:
@@ -158,7 +174,7 @@ class Driver:
                         self._block(rule, node, refused.reason)
                     continue
                 stats.matched += 1
-                created = self._apply(match, context)
+                created = self._apply(match, context, node)
                 stats.seconds += time.perf_counter() - started
                 if created is None:
                     continue
@@ -174,7 +190,7 @@ class Driver:
             self._show_progress(len(queue))
         return changed
 
-    def _apply(self, match: Match, context: ModelContext) -> list[ir.Node] | None:
+    def _apply(self, match: Match, context: ModelContext, anchor: ir.Node) -> list[ir.Node] | None:
         signature = match.signature()
         state = None
         if signature in self.signatures:
@@ -203,7 +219,10 @@ class Driver:
             self.states[state] = len(self.history) - 1
         self._add_opset_imports(match.rule, created)
         self.report.rewrites += 1
-        return fold_and_type(created, context, self.folder)
+        left = fold_and_type(created, context, self.folder)
+        if self.report.trace is not None:
+            self.report.trace.append(_step(match, anchor, created, left, self.model.graph))
+        return left
 
     def _block(self, rule: Rule, node: ir.Node, reason: str) -> None:
         """Count a rewrite left undone, once per rule and node however often the node is

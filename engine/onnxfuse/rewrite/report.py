@@ -85,6 +85,42 @@ class RuleStats:
         return bool(self.matched or self.applied or self.blocked)
 
 
+@dataclass(frozen=True)
+class TraceStep:
+    """One rewrite, in the order made: the rule, the node it anchored on, the nodes it
+    removed and those it left in the graph (``folded``: created nodes computed on
+    constants, folded at once)."""
+
+    rule: str
+    anchor: str
+    replaced: tuple[str, ...]
+    created: tuple[str, ...]
+    folded: int = 0
+    graph: str = ""  # "" for the main graph
+
+    def __str__(self) -> str:
+        where = f" in graph '{self.graph}'" if self.graph else ""
+        folded = f" ({self.folded} folded)" if self.folded else ""
+        return (
+            f"{self.rule} at '{self.anchor}'{where}: replaced {_names(self.replaced)}; "
+            f"created {_names(self.created)}{folded}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "rule": self.rule,
+            "anchor": self.anchor,
+            "graph": self.graph,
+            "replaced": list(self.replaced),
+            "created": list(self.created),
+            "folded": self.folded,
+        }
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(f"'{name}'" for name in names) or "nothing"
+
+
 @dataclass
 class Report:
     nodes_before: int = 0
@@ -103,9 +139,12 @@ class Report:
     bytes_after: int | None = None
     larger_because: list[str] = field(default_factory=list)
     repairs: list[Repair] = field(default_factory=list)
+    trace: list[TraceStep] | None = None  # each rewrite, when asked for (None: not)
 
-    def to_json(self) -> dict[str, object]:
-        return {
+    def to_json(self, all_rules: bool = False) -> dict[str, object]:
+        """The report as JSON: ``rules`` holds the rules tried (matched or blocked), or
+        every rule of the run with ``all_rules``; ``trace`` only when one was kept."""
+        found: dict[str, object] = {
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
             "iterations": self.iterations,
@@ -122,6 +161,7 @@ class Report:
                     "seconds": round(s.seconds, 6),
                 }
                 for name, s in self.rules.items()
+                if all_rules or s.tried
             },
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
@@ -130,3 +170,6 @@ class Report:
             "larger_because": self.larger_because,
             "repairs": [repair.to_json() for repair in self.repairs],
         }
+        if self.trace is not None:
+            found["trace"] = [step.to_json() for step in self.trace]
+        return found
