@@ -109,7 +109,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
     also = [args.report_json] if args.report_json is not None else []
     report = api.optimize_file(model_path, args.output, rules, options, also_writes=also)
     if args.report_json:
-        _write_json(args.report_json, report.to_json(all_rules=args.report_all_rules))
+        write_json(args.report_json, report.to_json(all_rules=args.report_all_rules))
     if not args.quiet:
         print(format_report(report, str(model_path), args.output))
     warn_repairs(report.repairs)
@@ -122,7 +122,8 @@ def _progress(message: str) -> None:
     print(f"onnxfuse: {message}", file=sys.stderr, flush=True)
 
 
-def _write_json(path: str, data: object) -> None:
+def write_json(path: str, data: object) -> None:
+    """``data`` as JSON, written atomically."""
     from onnxfuse.files.output_paths import temporary_prefix
 
     target = Path(path)

@@ -22,6 +22,7 @@ from onnxfuse.graph.traversal import all_graphs
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.ops.inference import InferredTypes
 from onnxfuse.passes.cleanup import CleanupPass
+from onnxfuse.passes.coverage import CoveragePass
 from onnxfuse.passes.normalize import NormalizePass, adopt_ir4_initializers
 from onnxfuse.passes.rewrite import FoldPass, RewritePass
 from onnxfuse.passes.state import RunState
@@ -76,11 +77,15 @@ def passes(
 ) -> ir.passes.Sequential:
     """The pipeline's passes, in order, sharing ``state``."""
     limits = options.limits()
+    # What the target cannot run, on the model as normalized and as left at the end.
+    measured = [CoveragePass(state, options.target)] if options.target is not None else []
     return ir.passes.Sequential(
         NormalizePass(state),
+        *measured,
         *(RewritePass(state, phase, rules, limits) for phase in PHASES),
         FoldPass(state),
         CleanupPass(infer=final_inference),
+        *measured,
     )
 
 

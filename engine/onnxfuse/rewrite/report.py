@@ -6,6 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from onnxfuse.targets.coverage import Coverage
+
 
 class StopKind(enum.Enum):
     """Why rewriting stopped before a fixpoint (no StopReason at all: it reached one)."""
@@ -140,6 +142,21 @@ class Report:
     larger_because: list[str] = field(default_factory=list)
     repairs: list[Repair] = field(default_factory=list)
     trace: list[TraceStep] | None = None  # each rewrite, when asked for (None: not)
+    # What the target cannot run, before the rules and after (None: no target).
+    coverage_before: Coverage | None = None
+    coverage_after: Coverage | None = None
+
+    def inlined_created(self) -> dict[str, int]:
+        """Ops the run added that the target runs only as their ONNX function body:
+        onnxruntime inlines them again when it loads the model."""
+        if self.coverage_before is None or self.coverage_after is None:
+            return {}
+        before = self.coverage_before.inlined
+        return {
+            op: count - before.get(op, 0)
+            for op, count in self.coverage_after.inlined.items()
+            if count > before.get(op, 0)
+        }
 
     def to_json(self, all_rules: bool = False) -> dict[str, object]:
         """The report as JSON: ``rules`` holds the rules tried (matched or blocked), or
@@ -170,6 +187,12 @@ class Report:
             "larger_because": self.larger_because,
             "repairs": [repair.to_json() for repair in self.repairs],
         }
+        if self.coverage_before is not None and self.coverage_after is not None:
+            found["coverage"] = {
+                "before": self.coverage_before.to_json(),
+                "after": self.coverage_after.to_json(),
+                "inlined_created": self.inlined_created(),
+            }
         if self.trace is not None:
             found["trace"] = [step.to_json() for step in self.trace]
         return found
