@@ -27,8 +27,8 @@ rules:
         Y = Identity(X)
       }
     verify:
-      X: {shape: [3], dtype: float}
-      a: {value: 1.0}
+      dtypes: [float]
+      inputs: {X: [3], a: {shape: [], constant: true, value: 1.0}}
 """
 
 

@@ -41,7 +41,9 @@ rules:
         Y = Mish(X)
       }
     verify:
-      X: {shape: [4], dtype: float}
+      opsets: [18]
+      dtypes: [float]
+      inputs: {X: [4]}
 """
 
 
