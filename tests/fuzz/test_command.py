@@ -61,6 +61,7 @@ def test_graphs_with_a_users_rules_run_outside_the_repository(tmp_path: Path):
     assert _summary(result) == (5, 0), result.stderr[-3000:]
     assert result.returncode == 0
     assert "[graphs cpu,onnx] 5/5" in result.stderr  # the progress line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]  # nothing left
 
 
 def test_each_rule_embeds_a_users_rule(tmp_path: Path):
@@ -92,3 +93,4 @@ def test_rules_mutates_the_installed_packs(tmp_path: Path):
     result = _onnxfuse_fuzz(tmp_path, "rules", "--iterations", "5", "--seed", "0", "--no-save")
     assert _summary(result) == (5, 0), result.stderr[-3000:]
     assert not (tmp_path / "fuzz-corpus").exists()
+    assert not (tmp_path / ".hypothesis").exists()

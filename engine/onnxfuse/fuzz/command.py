@@ -87,6 +87,7 @@ def main(
     )
 
     args = parser.parse_args(argv)
+    _hypothesis_files_elsewhere()
     # On SIGTERM, unwind normally: the worker pool is terminated on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.command == "replay":
@@ -105,6 +106,13 @@ def main(
     if args.command == "graphs":
         return _graphs(args, parser, command)
     return _rules(args, command)
+
+
+def _hypothesis_files_elsewhere() -> None:
+    """Not in the working directory (this process and every worker: a setting of each)."""
+    from onnxfuse.proof.hypothesis_home import keep_hypothesis_files_out_of_the_working_directory
+
+    keep_hypothesis_files_out_of_the_working_directory()
 
 
 def _common(parser: argparse.ArgumentParser, default_corpus: Path) -> None:
@@ -210,7 +218,7 @@ def _graphs(args, parser, command: str) -> int:
             _report_new(total)
     else:
         context = multiprocessing.get_context("spawn")
-        with context.Pool(args.jobs) as pool:
+        with context.Pool(args.jobs, initializer=_hypothesis_files_elsewhere) as pool:
             for tally in pool.imap_unordered(graph_runner.run_job, jobs):
                 total.merge(tally)
                 _report_new(total)
@@ -256,7 +264,9 @@ def _each_rule(args, parser, targets: list[str], corpus_dir, command: str) -> in
     if args.jobs <= 1:
         outcomes = map(each_rule.run_job, jobs)
     else:
-        pool = multiprocessing.get_context("spawn").Pool(args.jobs)
+        pool = multiprocessing.get_context("spawn").Pool(
+            args.jobs, initializer=_hypothesis_files_elsewhere
+        )
         outcomes = pool.imap(each_rule.run_job, jobs)
     try:
         for result in outcomes:

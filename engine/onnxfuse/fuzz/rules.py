@@ -778,8 +778,11 @@ def _worker(connection, apply: bool, trace_path: str) -> None:
     import signal
     import warnings
 
+    from onnxfuse.proof.hypothesis_home import keep_hypothesis_files_out_of_the_working_directory
+
     warnings.simplefilter("ignore")
     logging.getLogger("onnx_ir").setLevel(logging.ERROR)
+    keep_hypothesis_files_out_of_the_working_directory()
     # On SIGUSR1 (a hang), dump the Python stack: the parent reads where it hangs.
     trace = open(trace_path, "w")  # noqa: SIM115 - open for the life of the process
     faulthandler.register(signal.SIGUSR1, file=trace, all_threads=False)
