@@ -9,6 +9,7 @@ passes: coverage asks it of the model's own nodes.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -95,6 +96,8 @@ def coverage(model: ir.Model, target: Target) -> Coverage:
     uncovered: list[Uncovered] = []
     inlined: Counter[str] = Counter()
     runs: dict[int, bool] = {}
+    # Verdicts by facts: a model repeats its layers, so most nodes are a lookup.
+    verdicts: dict[Hashable, tuple[str | None, bool]] = {}
     count = 0
     for graph, opsets, _ in owned_graphs(model):
         where = "" if graph is model.graph else (graph.name or "<subgraph>")
@@ -104,11 +107,18 @@ def coverage(model: ir.Model, target: Target) -> Coverage:
                 continue
             count += 1
             facts = node_facts(node, opsets.get(node.domain, 1), version)
-            problem = target.check_node(facts)
+            key = _facts_key(facts)
+            verdict = verdicts.get(key) if key is not None else None
+            if verdict is None:
+                problem = target.check_node(facts)
+                verdict = (problem, problem is None and target.runs_inlined(facts))
+                if key is not None:
+                    verdicts[key] = verdict
+            problem, only_inlined = verdict
             runs[id(node)] = problem is None
             if problem is not None:
                 uncovered.append(Uncovered(node.name or "", facts.label(), problem, where))
-            elif target.runs_inlined(facts):
+            elif only_inlined:
                 inlined[facts.label()] += 1
     return Coverage(
         target.spec,
@@ -117,6 +127,21 @@ def coverage(model: ir.Model, target: Target) -> Coverage:
         _partitions(model.graph, runs),
         dict(sorted(inlined.items())),
     )
+
+
+def _facts_key(facts: NodeFacts) -> Hashable | None:
+    """``facts`` as a key (None: an attribute holds an unhashable value). A tensor or a
+    graph hashes by identity: equal keys then are the same object, never a wrong hit."""
+    attributes = tuple(
+        (name, tuple(value) if isinstance(value, list) else value)
+        for name, value in sorted(facts.attributes.items())
+    )
+    key = (facts.domain, facts.op_type, facts.opset, *facts.inputs, None, *facts.outputs)
+    try:
+        hash(attributes)
+    except TypeError:
+        return None
+    return (key, attributes)
 
 
 def _partitions(graph: ir.Graph, runs: dict[int, bool]) -> tuple[tuple[int, str, str], ...]:
