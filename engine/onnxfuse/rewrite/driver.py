@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnxfuse.fold.folder import Folder
-from onnxfuse.graph.names import NameSource, region_hash
+from onnxfuse.graph.names import NameSource, node_label, region_hash
 from onnxfuse.graph.traversal import owned_graphs
 from onnxfuse.language.rule import Rule
 from onnxfuse.rewrite.apply import Blocked, apply_match, fold_and_type, removable_unused
@@ -63,9 +63,9 @@ def _step(
     graph = created[0].graph if created else None
     return TraceStep(
         rule=match.rule.name,
-        anchor=anchor.name or "",
-        replaced=tuple(n.name or "" for n in match.nodes if n.graph is None),
-        created=tuple(n.name or "" for n in left),
+        anchor=node_label(anchor),
+        replaced=tuple(node_label(n) for n in match.nodes if n.graph is None),
+        created=tuple(node_label(n) for n in left),
         folded=len(created) - len(left),
         graph="" if graph is None or graph is main else (graph.name or "<subgraph>"),
     )

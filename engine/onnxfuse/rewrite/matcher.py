@@ -131,8 +131,8 @@ class Matcher:
 
     def _fail(self, reason: str | Callable[[], str], blocks: bool = False) -> None:
         # Keep the failure that got furthest into the pattern: the informative one.
-        # Hot paths pass a callable: the message is built only when it is kept (now: the
-        # callables read loop variables).
+        # Hot paths pass a callable: the message is built only when it is kept, and at
+        # once (the callables read loop variables).
         if self.mismatch is None or self._rank > self.mismatch.rank:
             self.mismatch = Mismatch(
                 reason if isinstance(reason, str) else reason(), self._rank, blocks

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
+from onnxfuse.graph.names import node_label
 from onnxfuse.graph.traversal import owned_graphs
 from onnxfuse.targets.capabilities import Target
 from onnxfuse.targets.facts import NodeFacts, value_facts
@@ -117,7 +118,7 @@ def coverage(model: ir.Model, target: Target) -> Coverage:
             problem, only_inlined = verdict
             runs[id(node)] = problem is None
             if problem is not None:
-                uncovered.append(Uncovered(node.name or "", facts.label(), problem, where))
+                uncovered.append(Uncovered(node_label(node), facts.label(), problem, where))
             elif only_inlined:
                 inlined[facts.label()] += 1
     return Coverage(
@@ -179,4 +180,4 @@ def _partitions(graph: ir.Graph, runs: dict[int, bool]) -> tuple[tuple[int, str,
                 ready[runs[id(nodes[consumer])]].append(consumer)
     if current:
         groups.append(current)
-    return tuple((len(g), nodes[g[0]].name or "", nodes[g[-1]].name or "") for g in groups)
+    return tuple((len(g), node_label(nodes[g[0]]), node_label(nodes[g[-1]])) for g in groups)
