@@ -3,6 +3,7 @@ run outside any clone."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -94,3 +95,49 @@ def test_rules_mutates_the_installed_packs(tmp_path: Path):
     assert _summary(result) == (5, 0), result.stderr[-3000:]
     assert not (tmp_path / "fuzz-corpus").exists()
     assert not (tmp_path / ".hypothesis").exists()
+
+
+# Rewrites x / sqrt(2) as x * 0.7072: off by 1e-4 relative, a wrong constant.
+NEARLY_RIGHT = """
+rules:
+  - name: div-sqrt2-as-rounded-mul
+    description: a wrong constant, for the fuzzer to find
+    source: |
+      f (X) => (Y) {
+        r = Constant<value_float = 1.4142135>()
+        Y = Div(X, r)
+      }
+    replacement: |
+      f (X) => (Y) {
+        k = Constant<value_float = 0.7072>()
+        Y = Mul(X, k)
+      }
+    verify:
+      dtypes: [float]
+      inputs: {X: [3, 5]}
+"""
+
+
+def test_a_wrong_rule_of_yours_is_saved_and_replayed_with_its_file(tmp_path: Path):
+    (tmp_path / "wrong.yaml").write_text(NEARLY_RIGHT)
+    found = _onnxfuse_fuzz(
+        tmp_path,
+        "graphs",
+        "--each-rule",
+        "2",
+        "--rule",
+        "div-sqrt2-as-rounded-mul",
+        "--rules",
+        "wrong.yaml",
+        "--target",
+        "cpu",
+    )
+    _, failed = _summary(found)
+    assert failed >= 1 and found.returncode == 1, found.stderr[-3000:]
+    (sidecar,) = (tmp_path / "fuzz-corpus").glob("*.json")
+    data = json.loads(sidecar.read_text())
+    assert data["found_by"].startswith("onnxfuse fuzz graphs --each-rule 2")
+    assert data["rules"] == [str((tmp_path / "wrong.yaml").resolve())]
+    replayed = _onnxfuse_fuzz(tmp_path, "replay")
+    assert replayed.stdout.splitlines()[-1] == "0 passed, 1 failed", replayed.stdout
+    assert "mismatch" in replayed.stdout.splitlines()[0]

@@ -361,6 +361,7 @@ def _rules(args, command: str) -> int:
 
 
 def _replay(args) -> int:
+    from onnxfuse.errors import OnnxfuseError
     from onnxfuse.fuzz import graph_runner
     from onnxfuse.fuzz import rules as rule_fuzzer
 
@@ -372,9 +373,13 @@ def _replay(args) -> int:
     failed = 0
     for entry in chosen:
         if entry.kind == "graph":
-            outcome = graph_runner.replay_entry(entry)
-            ok = not outcome.failed
-            detail = "passes" if ok else f"{outcome.kind}: {outcome.message}"
+            try:
+                outcome = graph_runner.replay_entry(entry)
+            except OnnxfuseError as exc:  # a rule file it was found with is gone or broken
+                ok, detail = False, f"cannot replay: {exc}"
+            else:
+                ok = not outcome.failed
+                detail = "passes" if ok else f"{outcome.kind}: {outcome.message}"
         else:
             problem = rule_fuzzer.replay_entry(entry)
             ok = problem is None

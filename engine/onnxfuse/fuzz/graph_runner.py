@@ -375,6 +375,8 @@ def _save(
         "steps": case.steps,
         "nodes": len(case.model.graph.node),
     }
+    if oracle.rule_files():  # a user's rules: replayed with them
+        data["rules"] = list(oracle.rule_files())
     return corpus.save(corpus_dir, "graph", case.model.SerializeToString(), ".onnx", data)
 
 
@@ -394,7 +396,8 @@ def case_from_entry(entry: corpus.Entry) -> GraphCase:
 
 
 def replay_entry(entry: corpus.Entry) -> oracle.Outcome:
-    """Check a corpus model for its target again."""
+    """Check a corpus model for its target again, with the rule files it was found with."""
+    oracle.use_rules(entry.data.get("rules", ()))
     case = case_from_entry(entry)
     original = oracle.validate(case.model, oracle.feeds_for(case))
     if isinstance(original, oracle.Outcome):
