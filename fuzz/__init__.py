@@ -1,4 +1,3 @@
-"""Fuzzers for onnxfuse: a differential graph fuzzer and a rule-file mutator.
-
-``python -m fuzz graphs ...`` and ``python -m fuzz rules ...`` (see fuzz/README.md).
-"""
+"""A clone's fuzzing folder: the corpus of minimized failures (corpus/) and
+``python -m fuzz``, which runs the fuzzers of ``onnxfuse.fuzz`` with that corpus
+(see fuzz/README.md; installed, the same is ``onnxfuse fuzz``)."""

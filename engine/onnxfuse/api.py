@@ -129,6 +129,39 @@ def select_rules(
     return rules
 
 
+def why_not_selected(
+    name: str,
+    extra: Sequence[str | os.PathLike] | None = None,
+    builtin: bool = True,
+    target: Target | str | None = None,
+) -> str | None:
+    """Why ``select_rules`` for ``target`` leaves out the rule or op-set family ``name``
+    that a pack of the selection holds: its pack is for other targets, or another pack
+    active there replaces it (None: no pack holds it, or it is selected)."""
+    packs = load_builtin_packs() if builtin else []
+    packs += load_packs([Path(p) for p in extra or []])
+    holding = [p for p in packs if any(name in (r.name, r.family) for r in p.rules)]
+    resolved = resolve_target(target)
+    if resolved is None or not holding:
+        return None
+    active = resolve_packs(packs, resolved.name)
+    for pack in holding:
+        if any(p.name == pack.name for p in active):
+            continue
+        targets = pack.manifest.targets or []
+        if not pack.manifest.applies_to(resolved.name):
+            return (
+                f"rule '{name}' is in pack '{pack.name}', which is only for target(s) "
+                f"{', '.join(targets)}, not '{resolved.name}' (give --target {targets[0]})"
+            )
+        by = [p.name for p in active if pack.name in p.manifest.replaces]
+        return (
+            f"rule '{name}' is in pack '{pack.name}', which pack '{', '.join(by)}' replaces "
+            f"on target '{resolved.name}'"
+        )
+    return None
+
+
 def optimize_file(
     source: str | os.PathLike,
     output: str | os.PathLike | None,

@@ -255,7 +255,7 @@ def test_folding_into_strings_and_back(tmp_path):
     result = run_cli("plan", str(source))
     assert result.returncode == 2
     assert result.stderr.startswith(
-        "onnxfuse: error: constant 's' made by Cast node 'Cast_0' is a string tensor: its size"
+        "onnxfuse: error: constant 's' made by Cast node 's' is a string tensor: its size"
     )
 
 

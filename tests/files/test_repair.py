@@ -193,7 +193,7 @@ DEFECTS = [
     Defect(
         "unnamed-nodes",
         lambda: _model(_relu_relu("", "")),
-        "unnamed node named, 'Relu_0', 'Relu_1'",
+        "unnamed node named, 'y', 'z'",
         "unnamed-node",
     ),
     Defect(
@@ -314,7 +314,7 @@ def test_a_long_list_of_places_is_cut_in_the_line_and_whole_in_the_json(tmp_path
     report = optimize_file(source, None, [])
     (repair,) = report.repairs
     assert len(repair.places) == 6
-    assert str(repair) == "repaired: unnamed node named, 'Relu_0', 'Relu_1', 'Relu_2' and 3 more"
+    assert str(repair) == "repaired: unnamed node named, 'y0', 'y1', 'y2' and 3 more"
 
 
 def test_the_api_returns_repairs_for_a_model_proto():
@@ -477,3 +477,12 @@ def test_explain_and_plan_warn_of_the_repairs_too(tmp_path: Path):
     assert planned.stderr.splitlines() == [warning]
     refused = run_cli("plan", str(source), "--dim", "nope=3")
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+
+
+def test_an_unnamed_node_whose_output_names_another_node_is_named_apart(tmp_path: Path):
+    # The first Relu's output is the second node's name: the first gets 'b_0'.
+    nodes = [helper.make_node("Relu", ["x"], ["b"]), helper.make_node("Relu", ["b"], ["z"], "b")]
+    source = tmp_path / "in.onnx"
+    onnx.save(_model(nodes), source)
+    (repair,) = optimize_file(source, None, []).repairs
+    assert repair.places == ("'b_0'",)

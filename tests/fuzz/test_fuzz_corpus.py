@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from onnxfuse.fuzz import corpus, graph_runner
+from onnxfuse.fuzz import rules as rule_fuzzer
+from onnxfuse.targets.cpu_features import detect_block_size
+
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from fuzz import corpus, graph_runner  # noqa: E402
-from fuzz import rules as rule_fuzzer  # noqa: E402
-from onnxfuse.targets.cpu_features import detect_block_size  # noqa: E402
-
-ENTRIES = corpus.entries()
+CORPUS = ROOT / "fuzz" / "corpus"  # the clone's, which `python -m fuzz` saves in
+ENTRIES = corpus.entries(CORPUS)
 
 
 def _cases(kind: str) -> list:
@@ -66,7 +65,7 @@ def test_corpus_sidecars_are_complete() -> None:
 
 
 def _fuzz(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "engine"), str(ROOT)])}
     return subprocess.run(
         [sys.executable, "-m", "fuzz", *args],
         cwd=ROOT,
@@ -117,7 +116,7 @@ EACH_RULE_CASES = [
 @pytest.mark.parametrize(("name", "target"), EACH_RULE_CASES)
 def test_each_rule_embedding_fires(name: str, target: str) -> None:
     """The plain embedding of `python -m fuzz graphs --each-rule` fires, and passes."""
-    from fuzz import each_rule
+    from onnxfuse.fuzz import each_rule
 
     if name.startswith("nchwc") and detect_block_size() is None:
         pytest.skip("this CPU has no NCHWc kernels: the blocked rules cannot run here")

@@ -11,12 +11,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from onnxfuse.fuzz import noise, oracle
+from onnxfuse.language.rulefile import load_rule_file
 
-from fuzz import noise, oracle  # noqa: E402
-from onnxfuse.language.rulefile import load_rule_file  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 # Rewrites x / sqrt(2) as x * 0.7072: off by 1e-4 relative, a wrong constant.
 NEARLY_RIGHT = """

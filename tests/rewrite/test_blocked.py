@@ -3,6 +3,8 @@ report, and the run goes on."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +90,40 @@ def test_the_command_line_finishes_and_prints_the_blocked_rewrite(tmp_path: Path
     out = capsys.readouterr().out
     assert code == 0 and (tmp_path / "o.onnx").is_file()
     assert "blocked: mul-one-passthrough (1x): changes the shape of 'y'" in out, out
+
+
+def _conv_relu(shared: bool) -> onnx.ModelProto:
+    weight = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    outputs = [tensor_input("y", [1, 4, 6, 6])]
+    if shared:  # the Conv's output is also read outside a Conv+Relu match
+        nodes.append(helper.make_node("Sigmoid", ["c"], ["z"], name="sigmoid"))
+        outputs.append(tensor_input("z", [1, 4, 6, 6]))
+    return make_model(nodes, [tensor_input("x", [1, 3, 8, 8])], outputs, [weight])
+
+
+@pytest.mark.parametrize(
+    ("shared", "target", "reason"),
+    [
+        (False, "onnx", "target 'onnx' cannot run com.microsoft::FusedConv"),
+        (True, "cpu", "intermediate 'c' is also used by Sigmoid 'sigmoid' outside the match"),
+    ],
+)
+def test_a_match_the_target_or_a_kept_value_refuses_is_counted_blocked(
+    tmp_path: Path, capsys, shared, target, reason
+):
+    model_path, report_path = tmp_path / "m.onnx", tmp_path / "r.json"
+    onnx.save(_conv_relu(shared), model_path)
+    code = main(
+        ["optimize", str(model_path), "--target", target, "--report-json", str(report_path)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    stats = json.loads(report_path.read_text())["rules"]["fused-conv-relu"]
+    assert (stats["matched"], stats["applied"], stats["blocked"]) == (0, 0, 1)
+    assert stats["blocked_reason"].startswith(reason), stats
+    assert re.search(r"fused-conv-relu +0 +0 +1 ", out), out
+    assert f"blocked: fused-conv-relu (1x): {reason}" in out, out

@@ -49,3 +49,16 @@ def test_the_model_opset_outside_the_rule_range_is_the_reason():
     found = explain_rule(_model_calling_a_function(17, 17), rule)
     assert [e.matched for e in found] == [False, False]
     assert all("model opset 17" in (e.reason or "") for e in found)
+
+
+def test_an_unnamed_node_is_named_by_its_first_output():
+    (rule,) = rules_from_text(relu_relu_rule("relu-relu"))
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["a"], ["t"]), helper.make_node("Relu", ["t"], ["b"])],
+        "g",
+        [helper.make_tensor_value_info("a", F, [4])],
+        [helper.make_tensor_value_info("b", F, [4])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    found = explain_rule(ir.from_proto(proto), rule)
+    assert [(e.node, e.matched) for e in found] == [("t", False), ("b", True)]

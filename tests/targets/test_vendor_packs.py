@@ -236,3 +236,31 @@ def test_bad_target_file_on_the_command_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "bad.yaml:4: op 'Relu' limits: unknown limit 'max_rnk'" in err
     assert len(err.splitlines()) == 1
+
+
+def test_explain_names_a_rule_its_target_leaves_out(vendor, tmp_path, capsys):
+    target_path, pack = vendor
+    source = tmp_path / "in.onnx"
+    onnx.save(conv_relu_model(), source)
+    explain = ["explain", str(source), "--rules", str(pack), "--rule"]
+    assert main([*explain, "acme-conv-relu", "--target", "cpu"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "onnxfuse: error: rule 'acme-conv-relu' is in pack 'acme', which is only for "
+        "target(s) acme-npu, not 'cpu' (give --target acme-npu)"
+    )
+    assert main([*explain, "fused-conv-relu", "--target", str(target_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "onnxfuse: error: rule 'fused-conv-relu' is in pack 'ort', which pack 'acme' "
+        "replaces on target 'acme-npu'"
+    )
+
+
+def test_targets_coverage_with_a_vendor_target_and_pack(vendor, tmp_path, capsys):
+    target_path, pack = vendor
+    source = tmp_path / "in.onnx"
+    onnx.save(conv_relu_model(spatial=1), source)  # 1-D: beyond the NPU's stated limits
+    args = ["targets", "coverage", str(source), "--target", str(target_path), "--rules", str(pack)]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "before optimizing: 2 nodes, 1 not covered (Conv 1), 1 partition (1 nodes)"
+    assert "  not covered: Conv 'conv': Conv (1 spatial dims, not one of [2])" in out

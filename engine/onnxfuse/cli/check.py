@@ -76,9 +76,10 @@ def run_check(args: argparse.Namespace) -> int:
     except ImportError:
         raise OnnxfuseError("onnxfuse check needs hypothesis: pip install hypothesis") from None
     from onnxfuse.language.packs import check_unique, load_rules
+    from onnxfuse.proof.hypothesis_home import keep_hypothesis_files_out_of_the_working_directory
     from onnxfuse.targets.capabilities import load_target
 
-    _keep_hypothesis_files_out_of_the_working_directory()
+    keep_hypothesis_files_out_of_the_working_directory()
     rules = load_rules(list(args.rules))
     check_unique(rules)
     if args.rule:
@@ -176,22 +177,3 @@ def _replay(args: argparse.Namespace, rules, target) -> int:
         return 0
     print(f"{rule.name}: {path} still fails: {problem}", file=sys.stdout)
     return 1
-
-
-def _keep_hypothesis_files_out_of_the_working_directory() -> None:
-    """hypothesis keeps files (constants it collects from source) in ``./.hypothesis``:
-    a command run in a user's project must not leave them there. They go to onnxfuse's
-    cache, or to a temporary directory removed at exit when caching is off."""
-    import atexit
-    import shutil
-    import tempfile
-
-    from hypothesis.configuration import set_hypothesis_home_dir
-
-    from onnxfuse.support.load_cache import cache_dir
-
-    home = cache_dir()
-    if home is None:
-        home = Path(tempfile.mkdtemp(prefix="onnxfuse-hypothesis-"))
-        atexit.register(shutil.rmtree, home, ignore_errors=True)
-    set_hypothesis_home_dir(str(home / "hypothesis"))

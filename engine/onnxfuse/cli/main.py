@@ -19,6 +19,7 @@ from onnxfuse.support.heap import collector_paused
 def build_parser() -> argparse.ArgumentParser:
     from onnxfuse.cli.check import add_check_command
     from onnxfuse.cli.explain import add_explain_command
+    from onnxfuse.cli.fuzz import add_fuzz_command
     from onnxfuse.cli.optimize import add_optimize_command
     from onnxfuse.cli.plan import add_plan_command
     from onnxfuse.cli.rules import add_rules_command
@@ -35,12 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_targets_command(sub)
     add_plan_command(sub)
     add_check_command(sub)
+    add_fuzz_command(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     # Library warnings (onnx_ir's initializer notes, ...) are not the user's concern.
     logging.getLogger("onnx_ir").setLevel(logging.ERROR)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["fuzz"]:  # the fuzzers parse their own arguments
+        from onnxfuse.cli.fuzz import run_fuzz
+
+        return run_fuzz(argv[1:])
     with collector_paused():  # the commands' modules, imported here, live until exit
         parser = build_parser()
     args = parser.parse_args(argv)

@@ -54,6 +54,17 @@ def add_optimize_command(sub: argparse._SubParsersAction) -> None:
         "it replaced (metadata_props onnxfuse.rule and onnxfuse.replaced)",
     )
     optimize.add_argument("--report-json", metavar="FILE", help="write the report as JSON")
+    optimize.add_argument(
+        "--report-all-rules",
+        action="store_true",
+        help="the JSON report lists every rule of the run (default: those tried)",
+    )
+    optimize.add_argument(
+        "--trace",
+        action="store_true",
+        help="list each rewrite in order: rule, anchor node, nodes replaced and created "
+        "(also in the JSON report)",
+    )
     optimize.add_argument("-q", "--quiet", action="store_true", help="no terminal report")
     optimize.set_defaults(handler=_run_optimize)
 
@@ -86,6 +97,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
         progress=None if args.quiet else _progress,
         dequantize=args.dequantize,
         provenance=not args.no_provenance,
+        trace=args.trace,
     )
     if args.dequantize:
         check_dequantize(target)  # before the work: one line, exit 2
@@ -104,7 +116,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
     also = [args.report_json] if args.report_json is not None else []
     report = api.optimize_file(model_path, args.output, rules, options, also_writes=also)
     if args.report_json:
-        _write_json(args.report_json, report.to_json())
+        write_json(args.report_json, report.to_json(all_rules=args.report_all_rules))
     if not args.quiet:
         print(format_report(report, str(model_path), args.output))
     warn_repairs(report.repairs)
@@ -117,7 +129,8 @@ def _progress(message: str) -> None:
     print(f"onnxfuse: {message}", file=sys.stderr, flush=True)
 
 
-def _write_json(path: str, data: object) -> None:
+def write_json(path: str, data: object) -> None:
+    """``data`` as JSON, written atomically."""
     from onnxfuse.files.output_paths import temporary_prefix
 
     target = Path(path)

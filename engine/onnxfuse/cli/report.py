@@ -17,21 +17,27 @@ def warn_repairs(repairs: Iterable[Repair]) -> None:
 def format_report(report: Report, source: str, output: str | None) -> str:
     lines = [f"onnxfuse optimize {source}"]
     lines.extend(f"  {repair}" for repair in report.repairs)
-    fired = [(name, s) for name, s in report.rules.items() if s.matched or s.applied]
-    if fired:
-        width = max(len(name) for name, _ in fired)
+    tried = [(name, s) for name, s in report.rules.items() if s.tried]
+    if tried:
+        width = max(len(name) for name, _ in tried)
         lines.append("")
-        lines.append(f"  {'rule':<{width}}  {'matched':>7}  {'applied':>7}  {'ms':>8}")
-        for name, stats in sorted(fired, key=lambda p: (-p[1].applied, p[0])):
+        lines.append(
+            f"  {'rule':<{width}}  {'matched':>7}  {'applied':>7}  {'blocked':>7}  {'ms':>8}"
+        )
+        for name, stats in sorted(tried, key=lambda p: (-p[1].applied, -p[1].blocked, p[0])):
             lines.append(
-                f"  {name:<{width}}  {stats.matched:>7}  {stats.applied:>7}"
+                f"  {name:<{width}}  {stats.matched:>7}  {stats.applied:>7}  {stats.blocked:>7}"
                 f"  {stats.seconds * 1000:>8.1f}"
             )
-    else:
+    if not any(s.applied for _, s in tried):
         lines.append("  no rule fired")
     blocked = sorted((name, s) for name, s in report.rules.items() if s.blocked)
     for name, stats in blocked:
         lines.append(f"  blocked: {name} ({stats.blocked}x): {stats.blocked_reason}")
+    if report.trace is not None:
+        lines.append("")
+        lines.append(f"  trace ({len(report.trace)} rewrites):")
+        lines.extend(f"  {k:>4}. {step}" for k, step in enumerate(report.trace, 1))
     lines.append("")
     change = report.nodes_after - report.nodes_before
     lines.append(
@@ -46,6 +52,7 @@ def format_report(report: Report, source: str, output: str | None) -> str:
             "  ops: "
             + ", ".join(f"{op} {before.get(op, 0)}->{after.get(op, 0)}" for op in changed_ops)
         )
+    lines.extend(coverage_lines(report))
     if report.bytes_before is not None and report.bytes_after is not None:
         old_size, new_size = _megabytes(report.bytes_before), _megabytes(report.bytes_after)
         lines.append(f"  size {old_size} -> {new_size}")
@@ -57,3 +64,29 @@ def format_report(report: Report, source: str, output: str | None) -> str:
 
 def _megabytes(count: int) -> str:
     return f"{count / 1e6:.2f} MB" if count >= 10_000 else f"{count} B"
+
+
+def coverage_lines(report: Report) -> list[str]:
+    """What the target cannot run, before and after, and the fused ops it runs only by
+    inlining their function body again."""
+    before, after = report.coverage_before, report.coverage_after
+    if before is None or after is None:
+        return []
+    lines = [
+        f"  coverage on {after.target}: before {before.summary()}",
+        f"  coverage on {after.target}: after {after.summary()}",
+    ]
+    if after.uncovered:
+        shown = ", ".join(f"'{u.node}' ({u.reason})" for u in after.uncovered[:_SHOWN])
+        more = len(after.uncovered) - _SHOWN
+        lines.append(f"  not covered after: {shown}" + (f" and {more} more" if more > 0 else ""))
+    for op, count in report.inlined_created().items():
+        lines.append(
+            f"  warning: {op} ({count} created) runs on {after.target} only as its ONNX "
+            "function body: onnxruntime inlines it again when it loads the model"
+        )
+    return lines
+
+
+# Uncovered nodes the terminal report names; the JSON report lists them all.
+_SHOWN = 5

@@ -1,4 +1,5 @@
-"""`onnxfuse targets list` and `onnxfuse targets show NAME [--op OP]`."""
+"""`onnxfuse targets list`, `onnxfuse targets show NAME [--op OP]` and `onnxfuse targets
+coverage MODEL [--target T]`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import re
 from typing import Any
 
+from onnxfuse.cli.arguments import add_rule_options
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.targets.capabilities import OpSupport, Target, builtin_target_names, load_target
 from onnxfuse.targets.params import describe_parameters
@@ -24,6 +26,13 @@ def add_targets_command(sub: Any) -> None:
         "--op", help="only this op (`Conv`, or `com.microsoft::FusedConv`), with its notes"
     )
     show.set_defaults(handler=_run_show)
+    covered = targets_sub.add_parser(
+        "coverage", help="what a target cannot run of a model, before and after optimizing"
+    )
+    covered.add_argument("model", help="input .onnx model")
+    add_rule_options(covered)
+    covered.add_argument("--json", metavar="FILE", help="also write both coverages as JSON")
+    covered.set_defaults(handler=_run_coverage)
 
 
 def _run_list(args: argparse.Namespace) -> int:
@@ -35,6 +44,42 @@ def _run_list(args: argparse.Namespace) -> int:
         print(f"{target.name:<{width}}  {count:>5}  {target.description}")
         print(f"{'':<{width}}  {'':>5}  from {_short_source(target.source)}")
     print(f"{len(targets)} targets")
+    return 0
+
+
+def _run_coverage(args: argparse.Namespace) -> int:
+    """The model is optimized in memory (nothing written) to see both coverages."""
+    from onnxfuse import api
+    from onnxfuse.cli.optimize import write_json
+    from onnxfuse.cli.report import warn_repairs
+    from onnxfuse.files.model_io import load_model
+    from onnxfuse.files.output_paths import check_output
+
+    target = load_target(args.target)
+    rules = api.select_rules(args.rules, builtin=not args.no_builtin, target=target)
+    if args.json is not None:
+        check_output(args.json)
+    model = load_model(args.model, target=target)
+    _, report = api.optimize(model, target, rules, builtin=False, return_report=True)
+    before, after = report.coverage_before, report.coverage_after
+    assert before is not None and after is not None  # measured for every target
+    for when, found in (("before", before), ("after", after)):
+        print(f"{when} optimizing: {found.summary()}")
+        for item in found.uncovered:
+            where = f" in graph '{item.graph}'" if item.graph else ""
+            print(f"  not covered: {item.op} '{item.node}'{where}: {item.reason}")
+        for size, first, last in found.partitions:
+            print(f"  partition of {size} node(s): '{first}' .. '{last}'")
+        for op, count in found.inlined.items():
+            print(f"  runs only as its ONNX function body: {op} ({count} node(s))")
+    for op, count in report.inlined_created().items():
+        print(
+            f"warning: {op} ({count} created by the rules) runs on {target.spec} only as its "
+            "ONNX function body: onnxruntime inlines it again when it loads the model"
+        )
+    if args.json is not None:
+        write_json(args.json, {"before": before.to_json(), "after": after.to_json()})
+    warn_repairs(report.repairs)
     return 0
 
 

@@ -149,8 +149,10 @@ def _typed(info: onnx.ValueInfoProto) -> bool:
 
 
 def _name_nodes(graph: onnx.GraphProto) -> list[Repair]:
-    """Unnamed nodes named ``<op>_<n>``; in each graph, a node whose name an earlier
-    node holds renamed ``<name>_<n>`` (onnxruntime requires them unique per graph)."""
+    """Unnamed nodes named by their first output (as Netron shows them; ``<op>_<n>``
+    without one, or ``<output>_<n>`` if taken); in each graph, a node whose name an
+    earlier node holds renamed ``<name>_<n>`` (onnxruntime requires them unique per
+    graph)."""
     taken = {node.name for node in _walk_nodes(graph.node) if node.name}
     counters: dict[str, int] = {}
 
@@ -169,7 +171,12 @@ def _name_nodes(graph: onnx.GraphProto) -> list[Repair]:
         seen: set[str] = set()
         for node in current.node:
             if not node.name:
-                node.name = fresh(node.op_type or "node")
+                output = next((name for name in node.output if name), None)
+                if output is not None and output not in taken:
+                    taken.add(output)
+                    node.name = output
+                else:
+                    node.name = fresh(output or node.op_type or "node")
                 named.append(f"'{node.name}'")
             elif node.name in seen:
                 old, node.name = node.name, fresh(node.name)

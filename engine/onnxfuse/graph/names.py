@@ -38,6 +38,14 @@ class NameSource:
         return candidate
 
 
+def node_label(node: ir.Node) -> str:
+    """How reports name a node: its name, or (unnamed) its first output's, as Netron
+    shows it (a model read from a file has every node named: files/repair.py)."""
+    if node.name:
+        return node.name
+    return next((o.name for o in node.outputs if o.name), f"<unnamed {node.op_type}>")
+
+
 def region_hash(roots: list[ir.Value], depth: int) -> int:
     """A hash of what the nodes within ``depth`` steps downstream of ``roots`` compute.
 

@@ -22,6 +22,7 @@ from onnxfuse.graph.traversal import all_graphs
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.ops.inference import InferredTypes
 from onnxfuse.passes.cleanup import CleanupPass
+from onnxfuse.passes.coverage import CoveragePass
 from onnxfuse.passes.normalize import NormalizePass, adopt_ir4_initializers
 from onnxfuse.passes.rewrite import FoldPass, RewritePass
 from onnxfuse.passes.state import RunState
@@ -43,6 +44,7 @@ class Options:
     dequantize: bool = False
     # Each created node names its rule and the nodes it replaced (rewrite.apply).
     provenance: bool = True
+    trace: bool = False  # keep each rewrite in the report's ``trace``
 
     def limits(self) -> Limits:
         return Limits(self.target, self.max_iterations, self.max_rewrites, self.progress)
@@ -78,11 +80,15 @@ def passes(
 ) -> ir.passes.Sequential:
     """The pipeline's passes, in order, sharing ``state``."""
     limits = options.limits()
+    # What the target cannot run, on the model as normalized and as left at the end.
+    measured = [CoveragePass(state, options.target)] if options.target is not None else []
     return ir.passes.Sequential(
         NormalizePass(state),
+        *measured,
         *(RewritePass(state, phase, rules, limits) for phase in PHASES),
         FoldPass(state),
         CleanupPass(infer=final_inference),
+        *measured,
     )
 
 
@@ -102,6 +108,7 @@ def optimize(
     report = Report(nodes_before=count_nodes(model), ops_before=op_histogram(model))
     report.rules = {rule.name: RuleStats() for rule in rules}
     report.repairs = list(model.meta.get(REPAIRS_META, ()))  # made when it was read
+    report.trace = [] if options.trace else None
     adopt_ir4_initializers(model)  # before the interface is read: those inputs go
     interface = _interface(model)
     if options.dequantize:

@@ -8,13 +8,14 @@ match tells the matcher why, so that ``mismatch`` names the furthest failure.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable
+import functools
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-from onnxfuse.language.guards import Guard, GuardUnknown, ValueRef
+from onnxfuse.language.guards import Guard, GuardUnknown, ValueRef, constant_tensor
 from onnxfuse.language.rule import ALTERNATIVE, TARGET_PARAMS, Rule
 from onnxfuse.rewrite.matcher import (
     ABSENT,
@@ -51,8 +52,17 @@ class RuleMatcher:
             accepted = self.conditions.accept(candidate)
             if isinstance(accepted, Match):
                 return accepted
-            self.structure.refuse(accepted)
+            self.structure.refuse(accepted.reason, accepted.blocks)
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why a condition refused a structural match; ``blocks``: the target refused it (the
+    rule applies, but not on this target)."""
+
+    reason: str | Callable[[], str]
+    blocks: bool = False
 
 
 class Conditions:
@@ -64,27 +74,30 @@ class Conditions:
         self.target = target
         self._verdicts: dict[Hashable, list[str]] = {}  # the target's, by facts
 
-    def accept(self, match: Match) -> Match | str:
+    def accept(self, match: Match) -> Match | Refusal:
         """``match`` with its lets bound, or why a condition refused it."""
         names = _Names(self._guard_names(match), self.rule.lets)
         for guard in self.rule.guards:
             try:
                 holds = bool(guard.evaluate(names))
             except GuardUnknown as exc:
-                return f"guard '{guard.text}' cannot be decided: {exc}"
+                return Refusal(f"guard '{guard.text}' cannot be decided: {exc}")
             if not holds:
-                return f"guard '{guard.text}' is false"
+                # Built only if explained: guards fail at most nodes of a run.
+                return Refusal(functools.partial(_false_guard, guard, names))
         attrs = dict(match.attrs)
         for let_name in self.rule.lets:
             try:
                 attrs[let_name] = names[let_name]
             except GuardUnknown as exc:
-                return f"let {let_name} cannot be computed: {exc}"
+                return Refusal(f"let {let_name} cannot be computed: {exc}")
         match = dataclasses.replace(match, attrs=attrs)
         if self.target is not None:
             missing = self._unsupported(match)
             if missing:
-                return f"target '{self.target.name}' cannot run {', '.join(missing)}"
+                return Refusal(
+                    f"target '{self.target.name}' cannot run {', '.join(missing)}", blocks=True
+                )
         return match
 
     def _unsupported(self, match: Match) -> list[str]:
@@ -146,6 +159,44 @@ class Conditions:
         names.setdefault(ALTERNATIVE, index)
         names.setdefault(TARGET_PARAMS, dict(self.target.params) if self.target else {})
         return names
+
+
+def _false_guard(guard: Guard, names: _Names) -> str:
+    """The refusal of a false guard, with what it read bound to (``a = 0.2``)."""
+    shown = []
+    for name in sorted(guard.names):
+        try:
+            shown.append(f"{name} = {_shown(names[name])}")
+        except (GuardUnknown, KeyError):
+            continue  # an absent optional input, a let that cannot be computed
+    bound = f" ({', '.join(shown)})" if shown else ""
+    return f"guard '{guard.text}' is false{bound}"
+
+
+def _shown(value: Any) -> str:
+    """A bound name as a rule author reads it: a small constant by its value, another
+    value by its name, type and shape."""
+    if isinstance(value, ValueRef):
+        if value.value is None:
+            return "absent"
+        tensor = constant_tensor(value.value, value.ir_version)
+        if tensor is not None and tensor.size <= _SHOWN_ELEMENTS:
+            return _shown(tensor.numpy())
+        described = f"'{value.value.name}'"
+        if value.value.type is not None:
+            described += f" {value.value.type}"
+        if value.value.shape is not None:
+            described += f" {value.value.shape}"
+        return described
+    if isinstance(value, (np.ndarray, np.generic)):
+        return np.array2string(np.asarray(value), separator=", ")  # float32 0.2 as 0.2
+    if isinstance(value, ir.Attr):
+        return _shown(value.value)
+    return repr(value)
+
+
+# Elements of a constant shown by value in a false guard; a larger one is shown by name.
+_SHOWN_ELEMENTS = 8
 
 
 class _Names(dict):

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnxfuse.fold.folder import Folder
-from onnxfuse.graph.names import NameSource, region_hash
+from onnxfuse.graph.names import NameSource, node_label, region_hash
 from onnxfuse.graph.traversal import owned_graphs
 from onnxfuse.language.rule import Rule
 from onnxfuse.rewrite.apply import Blocked, apply_match, fold_and_type, removable_unused
 from onnxfuse.rewrite.conditions import RuleMatcher
 from onnxfuse.rewrite.matcher import Match, ModelContext, StructureMemo
-from onnxfuse.rewrite.report import Report, StopKind, StopReason
+from onnxfuse.rewrite.report import Report, StopKind, StopReason, TraceStep
 from onnxfuse.targets.capabilities import Target
 
 DEFAULT_MAX_ITERATIONS = 10
@@ -53,6 +53,22 @@ def _remove_dead_nodes(graph: ir.Graph) -> None:
     for node in reversed(list(graph)):
         if removable_unused(node):
             graph.remove(node, safe=True)
+
+
+def _step(
+    match: Match, anchor: ir.Node, created: list[ir.Node], left: list[ir.Node], main: ir.Graph
+) -> TraceStep:
+    """A rewrite as the trace shows it; the nodes of the match a ``keep`` left in the graph
+    are not replaced."""
+    graph = created[0].graph if created else None
+    return TraceStep(
+        rule=match.rule.name,
+        anchor=node_label(anchor),
+        replaced=tuple(node_label(n) for n in match.nodes if n.graph is None),
+        created=tuple(node_label(n) for n in left),
+        folded=len(created) - len(left),
+        graph="" if graph is None or graph is main else (graph.name or "<subgraph>"),
+    )
 
 
 class MatcherCache:
@@ -106,6 +122,7 @@ class Driver:
         )
         self.states: dict[int, int] = {}  # structural hash -> position in history
         self.history: list[str] = []
+        self.blocked_at: dict[tuple[str, int], ir.Node] = {}
         self.last_progress = time.perf_counter()
         self._owners: dict[int, tuple[ir.Graph, ir.Function]] | None = None
 
@@ -152,9 +169,12 @@ class Driver:
                 match = matcher.match(node)
                 if match is None:
                     stats.seconds += time.perf_counter() - started
+                    refused = matcher.mismatch
+                    if refused is not None and refused.blocks:
+                        self._block(rule, node, refused.reason)
                     continue
                 stats.matched += 1
-                created = self._apply(match, context)
+                created = self._apply(match, context, node)
                 stats.seconds += time.perf_counter() - started
                 if created is None:
                     continue
@@ -170,7 +190,7 @@ class Driver:
             self._show_progress(len(queue))
         return changed
 
-    def _apply(self, match: Match, context: ModelContext) -> list[ir.Node] | None:
+    def _apply(self, match: Match, context: ModelContext, anchor: ir.Node) -> list[ir.Node] | None:
         signature = match.signature()
         state = None
         if signature in self.signatures:
@@ -191,9 +211,7 @@ class Driver:
         try:
             created = apply_match(match, context, self.names)
         except Blocked as exc:
-            stats = self.report.rules[match.rule.name]
-            stats.blocked += 1
-            stats.blocked_reason = stats.blocked_reason or str(exc)
+            self._block(match.rule, match.nodes[0], str(exc))
             return None  # nothing changed: not part of any cycle
         self.history.append(match.rule.name)
         self.signatures.add(signature)
@@ -201,7 +219,21 @@ class Driver:
             self.states[state] = len(self.history) - 1
         self._add_opset_imports(match.rule, created)
         self.report.rewrites += 1
-        return fold_and_type(created, context, self.folder)
+        left = fold_and_type(created, context, self.folder)
+        if self.report.trace is not None:
+            self.report.trace.append(_step(match, anchor, created, left, self.model.graph))
+        return left
+
+    def _block(self, rule: Rule, node: ir.Node, reason: str) -> None:
+        """Count a rewrite left undone, once per rule and node however often the node is
+        tried again (every fixpoint pass tries it)."""
+        key = (rule.name, id(node))
+        if key in self.blocked_at:
+            return
+        self.blocked_at[key] = node  # kept alive: its id names no other node
+        stats = self.report.rules[rule.name]
+        stats.blocked += 1
+        stats.blocked_reason = stats.blocked_reason or reason
 
     def _add_opset_imports(self, rule: Rule, created: list[ir.Node]) -> None:
         owner = self._owner(created[0].graph) if created else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from onnxfuse.errors import OnnxfuseError
+from onnxfuse.graph.names import node_label
 from onnxfuse.graph.traversal import owned_graphs
 from onnxfuse.language.rule import Rule
 from onnxfuse.rewrite.conditions import RuleMatcher
@@ -41,7 +42,7 @@ def explain_rule(
             match = matcher.match(node)
             results.append(
                 Explanation(
-                    node=node.name or "<unnamed>",
+                    node=node_label(node),
                     op_type=node.op_type,
                     graph="" if graph is model.graph else (graph.name or "<subgraph>"),
                     matched=match is not None,

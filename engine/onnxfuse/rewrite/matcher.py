@@ -60,12 +60,21 @@ class Rank:
     values: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass
 class Mismatch:
     """Why a rule did not match at a node: the failure that got furthest (``rank``)."""
 
-    reason: str
+    said: str | Callable[[], str]  # a callable: the message is built only when read
     rank: Rank = Rank()
+    # The whole pattern matched, but the rewrite may not be made here: the target cannot
+    # run what it creates, or an intermediate is used outside the match.
+    blocks: bool = False
+
+    @property
+    def reason(self) -> str:
+        if not isinstance(self.said, str):
+            self.said = self.said()
+        return self.said
 
     def __str__(self) -> str:
         return self.reason
@@ -120,16 +129,21 @@ class Matcher:
                 assert producer is not None
                 self.open_nodes[id(producer)] = target_name
 
-    def _fail(self, reason: str | Callable[[], str]) -> None:
+    def _fail(self, reason: str | Callable[[], str], blocks: bool = False) -> None:
         # Keep the failure that got furthest into the pattern: the informative one.
-        # Hot paths pass a callable: the message is built only when it is kept.
+        # Hot paths pass a callable: the message is built only when it is kept, and at
+        # once (the callables read loop variables).
         if self.mismatch is None or self._rank > self.mismatch.rank:
-            self.mismatch = Mismatch(reason if isinstance(reason, str) else reason(), self._rank)
+            self.mismatch = Mismatch(
+                reason if isinstance(reason, str) else reason(), self._rank, blocks
+            )
 
-    def refuse(self, reason: str) -> None:
-        """A structural match that a condition refused (a guard, a let, the target)."""
+    def refuse(self, reason: str | Callable[[], str], blocks: bool = False) -> None:
+        """A structural match that a condition refused (a guard, a let, the target);
+        a callable ``reason`` is called only if the message is read."""
         self._rank = _WHOLE_MATCH
-        self._fail(reason)
+        if self.mismatch is None or self._rank > self.mismatch.rank:
+            self.mismatch = Mismatch(reason, self._rank, blocks)
 
     def _advance(self, state: _State) -> None:
         self._rank = Rank(False, len(state.nodes), len(state.values))
@@ -477,13 +491,14 @@ class Matcher:
                 if id(output) in replaced or id(output) in kept:
                     continue
                 if output.is_graph_output():
-                    self._fail(f"intermediate '{output.name}' is a graph output")
+                    self._fail(f"intermediate '{output.name}' is a graph output", blocks=True)
                     return None
                 for consumer in output.consumers():
                     if id(consumer) not in matched:
                         self._fail(
                             f"intermediate '{output.name}' is also used by "
-                            f"{consumer.op_type} '{consumer.name}' outside the match"
+                            f"{consumer.op_type} '{consumer.name}' outside the match",
+                            blocks=True,
                         )
                         return None
         copied = {

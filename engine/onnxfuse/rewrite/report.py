@@ -6,6 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from onnxfuse.targets.coverage import Coverage
+
 
 class StopKind(enum.Enum):
     """Why rewriting stopped before a fixpoint (no StopReason at all: it reached one)."""
@@ -79,6 +81,47 @@ class RuleStats:
     blocked: int = 0  # matches whose rewrite would break an invariant, not applied
     blocked_reason: str | None = None  # the first such reason
 
+    @property
+    def tried(self) -> bool:
+        """The rule matched somewhere, or would have but was blocked."""
+        return bool(self.matched or self.applied or self.blocked)
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One rewrite, in the order made: the rule, the node it anchored on, the nodes it
+    removed and those it left in the graph (``folded``: created nodes computed on
+    constants, folded at once)."""
+
+    rule: str
+    anchor: str
+    replaced: tuple[str, ...]
+    created: tuple[str, ...]
+    folded: int = 0
+    graph: str = ""  # "" for the main graph
+
+    def __str__(self) -> str:
+        where = f" in graph '{self.graph}'" if self.graph else ""
+        folded = f" ({self.folded} folded)" if self.folded else ""
+        return (
+            f"{self.rule} at '{self.anchor}'{where}: replaced {_names(self.replaced)}; "
+            f"created {_names(self.created)}{folded}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "rule": self.rule,
+            "anchor": self.anchor,
+            "graph": self.graph,
+            "replaced": list(self.replaced),
+            "created": list(self.created),
+            "folded": self.folded,
+        }
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(f"'{name}'" for name in names) or "nothing"
+
 
 @dataclass
 class Report:
@@ -98,9 +141,27 @@ class Report:
     bytes_after: int | None = None
     larger_because: list[str] = field(default_factory=list)
     repairs: list[Repair] = field(default_factory=list)
+    trace: list[TraceStep] | None = None  # each rewrite, when asked for (None: not)
+    # What the target cannot run, before the rules and after (None: no target).
+    coverage_before: Coverage | None = None
+    coverage_after: Coverage | None = None
 
-    def to_json(self) -> dict[str, object]:
+    def inlined_created(self) -> dict[str, int]:
+        """Ops the run added that the target runs only as their ONNX function body:
+        onnxruntime inlines them again when it loads the model."""
+        if self.coverage_before is None or self.coverage_after is None:
+            return {}
+        before = self.coverage_before.inlined
         return {
+            op: count - before.get(op, 0)
+            for op, count in self.coverage_after.inlined.items()
+            if count > before.get(op, 0)
+        }
+
+    def to_json(self, all_rules: bool = False) -> dict[str, object]:
+        """The report as JSON: ``rules`` holds the rules tried (matched or blocked), or
+        every rule of the run with ``all_rules``; ``trace`` only when one was kept."""
+        found: dict[str, object] = {
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
             "iterations": self.iterations,
@@ -117,6 +178,7 @@ class Report:
                     "seconds": round(s.seconds, 6),
                 }
                 for name, s in self.rules.items()
+                if all_rules or s.tried
             },
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
@@ -125,3 +187,12 @@ class Report:
             "larger_because": self.larger_because,
             "repairs": [repair.to_json() for repair in self.repairs],
         }
+        if self.coverage_before is not None and self.coverage_after is not None:
+            found["coverage"] = {
+                "before": self.coverage_before.to_json(),
+                "after": self.coverage_after.to_json(),
+                "inlined_created": self.inlined_created(),
+            }
+        if self.trace is not None:
+            found["trace"] = [step.to_json() for step in self.trace]
+        return found

@@ -31,6 +31,9 @@ from onnxfuse.targets.facts import NodeFacts, dtype_name, standard_schema
 from onnxfuse.targets.params import parse_params, split_spec
 
 OPEN_ENDED = None
+# How an entry's notes begin when the provider has no kernel for it and runs the op as
+# its ONNX function body, which onnxruntime's partitioner inlines (generator/functions.py).
+FUNCTION_BODY_NOTE = "no kernel for these types: run as its ONNX function body"
 
 FILE_KEYS = {
     "name": "the target's name (what --target takes)",
@@ -152,6 +155,11 @@ class OpSupport:
     def covers(self, opset: int) -> bool:
         return self.since <= opset and (self.until is None or opset <= self.until)
 
+    @property
+    def function_body(self) -> bool:
+        """No kernel: onnxruntime runs the op by inlining its ONNX function body."""
+        return self.notes.startswith(FUNCTION_BODY_NOTE)
+
     def accepts(self, bound: dict[str, str]) -> bool:
         """Every type variable with a known element type is one this entry lists."""
         return all(
@@ -226,6 +234,19 @@ class Target:
         if any(p is None for p in problems):
             return None
         return f"{node.label()} ({problems[0]})"
+
+    def runs_inlined(self, node: NodeFacts) -> bool:
+        """The target runs the node, but only as its ONNX function body: every entry that
+        accepts it has no kernel (a fusion into it is undone when the model is loaded)."""
+        if node.domain in self.all_ops_of:
+            return False
+        bound = node.type_bindings(self.signature(node.domain, node.op_type, node.opset))
+        running = [
+            s
+            for s in self.ops.get((node.domain, node.op_type), ())
+            if s.covers(node.opset) and s.accepts(bound) and s.limits.violation(node) is None
+        ]
+        return bool(running) and all(s.function_body for s in running)
 
     def _check_standard(self, node: NodeFacts) -> str | None:
         if node.domain not in schemas.ONNX_DOMAINS:

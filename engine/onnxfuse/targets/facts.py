@@ -66,8 +66,13 @@ class NodeFacts:
         """(known, value): set on the node, else the schema default (None: no default)."""
         if name in self.attributes:
             return True, _plain(self.attributes[name])
-        if schemas.get_schema(self.domain, self.op_type, self.opset) is None:
+        schema = schemas.get_schema(self.domain, self.op_type, self.opset)
+        if schema is None:
             return False, None  # no schema here: the default is not known
+        if name not in schema.attributes:
+            # Not an attribute at this opset (BatchNormalization's spatial, gone from
+            # opset 9): a limit on it is about older versions of the op.
+            return False, None
         default = schemas.attribute_default(self.domain, self.op_type, self.opset, name)
         return True, _plain(default) if schemas.has_default(default) else None
 

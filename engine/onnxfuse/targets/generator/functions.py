@@ -34,7 +34,7 @@ import onnx.helper
 import onnx.shape_inference
 
 from onnxfuse.ops import element_types
-from onnxfuse.targets.capabilities import OpSupport, Target
+from onnxfuse.targets.capabilities import FUNCTION_BODY_NOTE, OpSupport, Target
 from onnxfuse.targets.facts import NodeFacts, ValueFacts, dtype_name
 from onnxfuse.targets.generator.sources import short_type
 
@@ -124,7 +124,7 @@ def _entries_for(
         if rank != NO_LIMIT:
             entry["limits"] = {"max_rank": rank}  # every body op's
         entry["notes"] = (
-            "no kernel for these types: run as its ONNX function body ("
+            f"{FUNCTION_BODY_NOTE} ("
             + ", ".join(_body_ops(schema, opsets[0]))
             + "), which onnxruntime's partitioner inlines"
         )

@@ -43,7 +43,7 @@ _SUMMING = {
     "ReduceMean",
     "ReduceSumSquare",
 }
-_PERTURBED = {
+_PERTURBED: dict[int, type[np.floating]] = {
     TensorProto.FLOAT: np.float32,
     TensorProto.DOUBLE: np.float64,
     TensorProto.FLOAT16: np.float16,

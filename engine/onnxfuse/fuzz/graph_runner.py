@@ -24,8 +24,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings
 
-from fuzz import corpus, oracle
-from fuzz.graphs import GraphCase, graph_cases
+from onnxfuse.fuzz import corpus, oracle
+from onnxfuse.fuzz.graphs import GraphCase, graph_cases
 
 CHUNK_SIZE = 50
 DEFAULT_SHRINK_SECONDS = 120.0
@@ -164,13 +164,13 @@ class _Shrinker:
         culprit = record.culprit
         if culprit == "unknown":
             return True
-        rules = {r.name: r for r in oracle.builtin_rules()}
+        rules = {r.name: r for r in oracle.run_rules()}
         chosen = [] if culprit == "pipeline" else [rules[n] for n in culprit.split("+")]
         return oracle.check(original, record.target, chosen).same_failure(record.outcome)
 
 
 def _load_local_modules() -> None:
-    """Import every onnxfuse and fuzz module now.
+    """Import every onnxfuse module now (the fuzzers' too).
 
     Hypothesis draws some values from constants it finds in the local modules
     loaded so far (sys.modules). Modules imported lazily during a run would
@@ -180,12 +180,10 @@ def _load_local_modules() -> None:
     import importlib
     import pkgutil
 
-    import fuzz
     import onnxfuse
 
     names = ["onnxfuse.builtin_rules", "onnxfuse.builtin_targets"]
-    for package in (onnxfuse, fuzz):
-        names += [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+    names += [m.name for m in pkgutil.walk_packages(onnxfuse.__path__, "onnxfuse.")]
     for name in sorted(names):
         if name.endswith("__main__"):
             continue
@@ -244,8 +242,10 @@ def run_chunk(
 
 
 def run_job(job: tuple, progress: Callable[[Tally], None] | None = None) -> Tally:
-    """run_chunk with its arguments in a tuple (for a process pool)."""
-    fuzz_seed, chunk, size, targets, corpus_dir, max_steps, shrink_seconds, command = job
+    """run_chunk with its arguments in a tuple (for a process pool), with the run's
+    rule files."""
+    fuzz_seed, chunk, size, targets, corpus_dir, max_steps, shrink_seconds, command, rules = job
+    oracle.use_rules(rules)
     return run_chunk(
         fuzz_seed,
         chunk,
@@ -375,6 +375,8 @@ def _save(
         "steps": case.steps,
         "nodes": len(case.model.graph.node),
     }
+    if oracle.rule_files():  # a user's rules: replayed with them
+        data["rules"] = list(oracle.rule_files())
     return corpus.save(corpus_dir, "graph", case.model.SerializeToString(), ".onnx", data)
 
 
@@ -394,7 +396,8 @@ def case_from_entry(entry: corpus.Entry) -> GraphCase:
 
 
 def replay_entry(entry: corpus.Entry) -> oracle.Outcome:
-    """Check a corpus model for its target again."""
+    """Check a corpus model for its target again, with the rule files it was found with."""
+    oracle.use_rules(entry.data.get("rules", ()))
     case = case_from_entry(entry)
     original = oracle.validate(case.model, oracle.feeds_for(case))
     if isinstance(original, oracle.Outcome):

@@ -1,4 +1,5 @@
-"""The corpus of minimized failures: files under fuzz/corpus/, replayed by the test suite.
+"""A corpus of minimized failures: the files of one folder (a clone's fuzz/corpus/, which
+the test suite replays; ./fuzz-corpus for `onnxfuse fuzz`).
 
 A graph case is ``graph-<slug>.onnx`` with ``graph-<slug>.json`` beside it (the
 target, the fuzz seed, how to feed the model, what failed). A rule case is
@@ -17,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-
-CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 
 
 @dataclass
@@ -44,7 +43,7 @@ class Entry:
         return self.sidecar.with_name(str(self.data["file"]))
 
 
-def entries(directory: Path = CORPUS_DIR) -> list[Entry]:
+def entries(directory: Path) -> list[Entry]:
     if not directory.is_dir():
         return []
     found = []
@@ -58,11 +57,11 @@ def entries(directory: Path = CORPUS_DIR) -> list[Entry]:
     return found
 
 
-def known_signatures(directory: Path = CORPUS_DIR, kind: str = "graph") -> set[str]:
+def known_signatures(directory: Path, kind: str = "graph") -> set[str]:
     return {e.signature for e in entries(directory) if e.kind == kind and e.signature}
 
 
-def xfail_signatures(directory: Path = CORPUS_DIR, kind: str = "graph") -> set[str]:
+def xfail_signatures(directory: Path, kind: str = "graph") -> set[str]:
     return {e.signature for e in entries(directory) if e.kind == kind and e.xfail}
 
 

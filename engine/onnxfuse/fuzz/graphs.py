@@ -20,10 +20,11 @@ may override and which therefore are not constants.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -176,7 +177,7 @@ class Builder:
         outer = self.parent.visible() if self.parent is not None else []
         return outer + self.pool
 
-    def node(self, op: str, inputs: list[str], n_out: int = 1, **attrs) -> list[str]:
+    def node(self, op: str, inputs: Sequence[str], n_out: builtins.int = 1, **attrs) -> list[str]:
         outputs = [self.fresh("v") for _ in range(n_out)]
         for name in inputs:
             if name:
@@ -191,12 +192,14 @@ class Builder:
         self.pool.append(value)
         return value
 
-    def op(self, op: str, inputs: list[Val | str | None], dtype, shape, **attrs) -> Val:
+    def op(self, op: str, inputs: Sequence[Val | str | None], dtype, shape, **attrs) -> Val:
         names = ["" if v is None else v if isinstance(v, str) else v.name for v in inputs]
         (out,) = self.node(op, names, **attrs)
         return self.add(out, dtype, shape)
 
-    def new_input(self, dtype: np.dtype, shape, symbolic: dict[int, str] | None = None) -> Val:
+    def new_input(
+        self, dtype: np.dtype, shape, symbolic: dict[builtins.int, str] | None = None
+    ) -> Val:
         """A new graph input (always in the main graph; a branch sees it from outside).
 
         ``symbolic``: dim_params for some axes (each named ``<name>_<size>``, equal names
@@ -514,7 +517,7 @@ def s_conv_tail(b: Builder, x: Val | None = None, same: bool = False) -> Val:
         mean = b.weights((m,), scale=1.0)
         var = np.abs(b.weights((m,), scale=1.0)) + (0.0 if eps > 0 and b.flag(0.2) else 0.1)
         params = [b.const(a.astype(np.float32)) for a in (scale, shift, mean, var)]
-        attrs = {"epsilon": eps if eps != 1e-5 or b.flag(0.5) else None}
+        attrs: dict = {"epsilon": eps if eps != 1e-5 or b.flag(0.5) else None}
         if b.flag(0.2):
             attrs["momentum"] = 0.8
         if b.opset >= 14 and b.flag(0.1):
@@ -544,7 +547,7 @@ def s_conv_tail(b: Builder, x: Val | None = None, same: bool = False) -> Val:
         return b.op("Relu", [y], F32, y.shape)
     if tail == "act":
         act = b.choice(["Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid"])
-        attrs: dict = {}
+        attrs = {}
         if act == "LeakyRelu" and b.flag(0.6):
             attrs["alpha"] = b.choice([0.01, 0.2, 0.0, -1.5])
         if act == "HardSigmoid" and b.flag(0.6):
@@ -1151,10 +1154,11 @@ def s_layer_norm(b: Builder, x: Val | None = None, same: bool = True) -> Val:
         if b.flag(0.5):
             bias = b.const(b.weights((hidden,), dt, 1.0))
             x = add(b, x, bias)
-        skip = b.pick(
-            lambda v: v.dtype == dt and v.shape == x.shape and v.name != x.name, lambda: None
+        shape, name = x.shape, x.name  # read in the lambda: x itself is rebound
+        found = b.pick(
+            lambda v: v.dtype == dt and v.shape == shape and v.name != name, lambda: None
         )
-        skip = skip or b.new_input(dt, x.shape)
+        skip = found or b.new_input(dt, x.shape)
         x = add(b, x, skip)
         b.share(x)
         if kind == "skip" and b.opset >= 17 and b.flag(0.6):
@@ -1263,7 +1267,7 @@ def s_matmul(b: Builder, x: Val | None = None, same: bool = False) -> Val:
     x = x or operand(b, (F32, F64), 1, 4, pred=lambda v: v.shape[-1] <= 16)
     k = x.shape[-1]
     n = b.int(1, 6)
-    w_shape = (k, n)
+    w_shape: tuple[int, ...] = (k, n)
     if x.rank >= 3 and b.flag(0.3):
         w_shape = (x.shape[-3], k, n)
     w = b.const(b.weights(w_shape, x.dtype)) if not b.flag(0.15) else b.new_input(x.dtype, w_shape)
@@ -1368,8 +1372,8 @@ def s_shape_op(b: Builder, x: Val | None = None, same: bool = False) -> Val:
         return transpose(b, x, permutation(b, x.rank))
     if kind == "flatten":
         axis = b.int(0, x.rank)
-        shape = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
-        return b.op("Flatten", [x], x.dtype, shape, axis=axis)
+        flat = (math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+        return b.op("Flatten", [x], x.dtype, flat, axis=axis)
     if kind == "unsqueeze":
         return unsqueeze(b, x, random_axes(b, x.rank + 1, 1))
     if kind == "slice":
@@ -1384,7 +1388,7 @@ def s_shape_op(b: Builder, x: Val | None = None, same: bool = False) -> Val:
         else:
             start, end = b.int(0, size - 1), -size - 1
             count = len(range(start, -1, step))
-        inputs = [x, b.ints([start]), b.ints([end])]
+        inputs: list[Val | str | None] = [x, b.ints([start]), b.ints([end])]
         if give_axes:
             inputs.append(b.ints([axis - x.rank if b.flag(0.3) else axis]))
             if step != 1 or b.flag(0.5):
@@ -1417,13 +1421,13 @@ def s_shape_op(b: Builder, x: Val | None = None, same: bool = False) -> Val:
     axis = b.choice(axes)
     first = b.int(1, x.shape[axis] - 1)
     sizes = [first, x.shape[axis] - first]
-    inputs = [x.name]
+    names_in = [x.name]
     attrs: dict = {"axis": axis}
     if b.opset >= 13:
-        inputs.append(b.ints(sizes).name)
+        names_in.append(b.ints(sizes).name)
     else:
         attrs["split"] = sizes
-    names = b.node("Split", inputs, 2, **attrs)
+    names = b.node("Split", names_in, 2, **attrs)
     parts = []
     for name, size in zip(names, sizes):
         shape = list(x.shape)
@@ -1602,17 +1606,18 @@ class _FunctionBuilder(Builder):
 
     def __init__(self, parent: Builder):
         super().__init__(parent.draw, parent.opset, parent.ir_version, parent.rng, parent=parent)
+        self.outer = parent  # the builder the function is called from
         self.formals: list[str] = []
         self.actuals: list[str] = []
 
     def int(self, low: int, high: int) -> int:
-        return self.parent.int(low, high)
+        return self.outer.int(low, high)
 
     def flag(self, p: float) -> bool:
-        return self.parent.flag(p)
+        return self.outer.flag(p)
 
     def choice(self, options):
-        return self.parent.choice(options)
+        return self.outer.choice(options)
 
     def visible(self) -> list[Val]:
         return list(self.pool)
@@ -1625,8 +1630,10 @@ class _FunctionBuilder(Builder):
         self.pool.append(formal)
         return formal
 
-    def new_input(self, dtype: np.dtype, shape) -> Val:
-        return self.bind(self.root.new_input(dtype, shape))
+    def new_input(
+        self, dtype: np.dtype, shape, symbolic: dict[builtins.int, str] | None = None
+    ) -> Val:
+        return self.bind(self.root.new_input(dtype, shape, symbolic))
 
     def const(self, array, *, override_ok: bool = True, as_node_ok: bool = True) -> Val:
         array = np.asarray(array)
@@ -1700,7 +1707,7 @@ def s_duplicate(b: Builder, x: Val | None = None, same: bool = False) -> Val:
 
 def s_rule_instance(b: Builder, x: Val | None = None, same: bool = False) -> Val:
     """An instance of any built-in rule's source, drawn from its verification domain."""
-    from fuzz.rule_instances import splice_rule_instance
+    from onnxfuse.fuzz.rule_instances import splice_rule_instance
 
     return splice_rule_instance(b, x, same)
 
@@ -1839,6 +1846,7 @@ class _RandomBuilder(Builder):
     def __init__(self, choices, opset: int, ir_version: int, rng, parent=None):
         super().__init__(None, opset, ir_version, rng, parent)
         self.choices = choices if parent is None else parent.choices
+        self.root: _RandomBuilder
 
     def child(self) -> Builder:
         return _RandomBuilder(self.choices, self.opset, self.ir_version, self.rng, parent=self)

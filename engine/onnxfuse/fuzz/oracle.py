@@ -6,7 +6,8 @@ optimization anything else is a failure of onnxfuse: a crash (any exception),
 an error on a valid model, a rewrite stopped by a cap or an oscillation, a
 result that fails onnx's full checker, changed graph input/output names, a
 model onnxruntime cannot load or run, or outputs that differ beyond the
-per-dtype tolerances of tests/helpers.py.
+per-dtype tolerances of the proofs (``proof.domain.DEFAULT_TOLERANCES``, as
+tests/helpers.py's).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
 import signal
 import traceback
 from collections.abc import Iterator, Sequence
@@ -27,11 +27,10 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from fuzz.noise import NOISE_FACTOR, noise_floor
+from onnxfuse.fuzz.noise import NOISE_FACTOR, noise_floor
 from onnxfuse.proof.reference_ops import with_reference_definitions_bytes
 from onnxfuse.rewrite.report import StopReason
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 ort.set_default_logger_severity(4)
 OPTIMIZE_TIMEOUT_SECONDS = 60.0
 _FEEDS_PER_CASE = ("normal", "special")
@@ -39,20 +38,37 @@ _FEEDS_PER_CASE = ("normal", "special")
 
 @functools.cache
 def tolerances() -> dict[np.dtype, tuple[float, float]]:
-    """The per-dtype (rtol, atol) of tests/helpers.py: one source of truth."""
-    path = REPO_ROOT / "tests" / "helpers.py"
-    spec = importlib.util.spec_from_file_location("_onnxfuse_test_helpers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return dict(module.TOLERANCES)
+    """The per-dtype (rtol, atol) of the proofs: one source of truth."""
+    from onnxfuse.ops import element_types
+    from onnxfuse.proof.domain import DEFAULT_TOLERANCES
+
+    return {element_types.to_numpy(name): tol for name, tol in DEFAULT_TOLERANCES.items()}
+
+
+# The user's rule files a run fuzzes beside the built-in packs (``use_rules``).
+_rule_files: tuple[str, ...] = ()
+
+
+def use_rules(files: Sequence[str | Path]) -> None:
+    """Fuzz with these rule files or pack folders too (set in every process of a run)."""
+    global _rule_files
+    _rule_files = tuple(str(Path(f).resolve()) for f in files)
+
+
+def rule_files() -> tuple[str, ...]:
+    return _rule_files
+
+
+def run_rules() -> tuple:
+    """The rules a run optimizes with: the built-in packs and the ``use_rules`` files."""
+    return _loaded_rules(_rule_files)
 
 
 @functools.cache
-def builtin_rules() -> tuple:
+def _loaded_rules(files: tuple[str, ...]) -> tuple:
     from onnxfuse.api import select_rules
 
-    return tuple(select_rules())
+    return tuple(select_rules(list(files)))
 
 
 @functools.cache
@@ -323,11 +339,11 @@ def validate(model: onnx.ModelProto, feed_sets) -> Original | Outcome:
 
 
 def check(original: Original, target_name: str, rules: Sequence | None = None) -> Outcome:
-    """Optimize for ``target_name`` with ``rules`` (default: the built-in packs); compare."""
+    """Optimize for ``target_name`` with ``rules`` (default: ``run_rules()``); compare."""
     from onnxfuse.errors import OnnxfuseError
     from onnxfuse.passes.pipeline import Options, optimize
 
-    rules = list(builtin_rules() if rules is None else rules)
+    rules = list(run_rules() if rules is None else rules)
     model = ir.from_proto(original.model)
     applied: list[str] = []
     try:
@@ -418,11 +434,15 @@ def _check_result(
     return Outcome("pass", applied=applied)
 
 
-@functools.cache
 def _nonfinite_deviation(rule_name: str) -> bool:
+    return _leaves_out_nonfinite(rule_name, _rule_files)
+
+
+@functools.cache
+def _leaves_out_nonfinite(rule_name: str, files: tuple[str, ...]) -> bool:
     from onnxfuse.proof.domain import VerifyError, parse_domain
 
-    rule = next((r for r in builtin_rules() if r.name == rule_name), None)
+    rule = next((r for r in _loaded_rules(files) if r.name == rule_name), None)
     if rule is None:
         return False
     try:
@@ -502,7 +522,7 @@ def _close(a: np.ndarray, e: np.ndarray, rtol: float, atol: float) -> np.ndarray
 
 def diagnose(original: Original, target_name: str, failure: Outcome) -> str:
     """The smallest set of rules that reproduces ``failure`` ('pipeline' for none)."""
-    rules = builtin_rules()
+    rules = run_rules()
     by_name = {r.name: r for r in rules}
 
     def reproduces(names: Sequence[str]) -> bool:

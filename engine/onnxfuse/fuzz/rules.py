@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import multiprocessing.connection
+import multiprocessing.process
 import os
 import random
 import re
@@ -39,11 +41,13 @@ from typing import Any
 
 import yaml
 
-from fuzz import corpus
+from onnxfuse.fuzz import corpus
 
 MUTANT_PATH = "mutant.yaml"
 DEFAULT_TIMEOUT = 10.0
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# A clone's root (engine/onnxfuse/fuzz/ is three levels down): its docs' examples are
+# seeds too; an installed package has none.
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 # -- seeds -----------------------------------------------------------------------------
@@ -753,7 +757,7 @@ def zoo() -> list:
     """Small models holding instances of the built-in rules' sources (built once)."""
     global _ZOO
     if _ZOO is None:
-        from fuzz.graphs import random_model
+        from onnxfuse.fuzz.graphs import random_model
 
         models = []
         for index in range(48):
@@ -774,8 +778,11 @@ def _worker(connection, apply: bool, trace_path: str) -> None:
     import signal
     import warnings
 
+    from onnxfuse.proof.hypothesis_home import keep_hypothesis_files_out_of_the_working_directory
+
     warnings.simplefilter("ignore")
     logging.getLogger("onnx_ir").setLevel(logging.ERROR)
+    keep_hypothesis_files_out_of_the_working_directory()
     # On SIGUSR1 (a hang), dump the Python stack: the parent reads where it hangs.
     trace = open(trace_path, "w")  # noqa: SIM115 - open for the life of the process
     faulthandler.register(signal.SIGUSR1, file=trace, all_threads=False)
@@ -798,8 +805,8 @@ class Worker:
     def __init__(self, apply: bool = True):
         self.apply = apply
         self.context = multiprocessing.get_context("spawn")
-        self.process = None
-        self.connection = None
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.connection: multiprocessing.connection.Connection | None = None
         handle, self.trace_path = tempfile.mkstemp(prefix="onnxfuse-fuzz-", suffix=".trace")
         os.close(handle)
 
@@ -931,7 +938,7 @@ def run(
     iterations: int,
     fuzz_seed: int,
     timeout: float = DEFAULT_TIMEOUT,
-    corpus_dir: Path | None = corpus.CORPUS_DIR,
+    corpus_dir: Path | None = None,
     apply: bool = True,
     shrink_seconds: float = 120.0,
     progress: Callable[[Tally], None] | None = None,

@@ -1,4 +1,5 @@
-"""A graph-fuzzer step that embeds an instance of any built-in rule's source.
+"""A graph-fuzzer step that embeds an instance of any rule's source (the built-in
+packs' and a run's ``--rules``).
 
 The hand-written steps of `fuzz.graphs` cover the rules that existed when they
 were written. This step covers every rule, including ones added later: it
@@ -22,9 +23,11 @@ import onnx
 from hypothesis import strategies as st
 from onnx import helper
 
-from fuzz.graphs import MAX_ELEMENTS, Builder, Val, ort_ok, s_unary
+from onnxfuse.fuzz import oracle
+from onnxfuse.fuzz.graphs import MAX_ELEMENTS, Builder, Val, _RandomBuilder, ort_ok, s_unary
+from onnxfuse.language.rule import Rule
 from onnxfuse.ops import element_types
-from onnxfuse.proof.domain import DTYPES
+from onnxfuse.proof.domain import DTYPES, Domain
 from onnxfuse.proof.draw import Reject
 from onnxfuse.proof.expr import ExprError
 from onnxfuse.proof.instance import (
@@ -36,14 +39,17 @@ from onnxfuse.proof.instance import (
 )
 
 
+def _rules_with_domains() -> tuple[tuple[Rule, Domain], ...]:
+    """(rule, verification domain) for every rule of the run, in pack order."""
+    return _with_domains(oracle.rule_files())
+
+
 @functools.cache
-def _rules_with_domains() -> tuple[tuple[object, object], ...]:
-    """(rule, verification domain) for every built-in rule, in pack order."""
-    from onnxfuse.api import select_rules
+def _with_domains(files: tuple[str, ...]) -> tuple[tuple[Rule, Domain], ...]:
     from onnxfuse.proof.domain import VerifyError, parse_domain
 
     found = []
-    for rule in select_rules():
+    for rule in oracle.run_rules():
         try:
             found.append((rule, parse_domain(rule)))
         except VerifyError:
@@ -64,7 +70,7 @@ class _BuilderDrawer:
     def floating(self, low: float, high: float) -> float:
         if high <= low:
             return float(low)
-        if self.b.root.draw is None:
+        if isinstance(self.b.root, _RandomBuilder):
             return self.b.root.choices.uniform(low, high)
         return self.b.draw(
             st.floats(low, high, allow_nan=False, allow_infinity=False, allow_subnormal=False)
@@ -81,7 +87,7 @@ class _BuilderDrawer:
         return items
 
 
-def candidate_rules(opset: int) -> list[tuple[object, object]]:
+def candidate_rules(opset: int) -> list[tuple[Rule, Domain]]:
     """The rules whose domain can draw an instance at ``opset``, with the domain
     narrowed to exactly that opset."""
     return [

@@ -1,4 +1,4 @@
-"""Rule coverage: every built-in rule embedded K times in random graphs, checked by the oracle.
+"""Rule coverage: every rule embedded K times in random graphs, checked by the oracle.
 
 A graph run draws one random rule per embedding step, so in a few hundred
 models some rules are never embedded, or never fire. Here every rule (every
@@ -28,9 +28,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from fuzz import oracle
-from fuzz.graph_runner import Tally, _Failure, _Record, _save, derive_seed
-from fuzz.graphs import _BY_NAME, _MENU, OPSETS, GraphCase, _RandomBuilder, assemble
+from onnxfuse.fuzz import oracle
+from onnxfuse.fuzz.graph_runner import Tally, _Failure, _Record, _save, derive_seed
+from onnxfuse.fuzz.graphs import _BY_NAME, _MENU, OPSETS, GraphCase, _RandomBuilder, assemble
+from onnxfuse.language.rule import Rule
+from onnxfuse.proof.domain import Domain
 
 ATTEMPTS = 4  # draws per embedding before it counts as not embeddable
 _IR_FOR = dict(OPSETS)
@@ -56,8 +58,8 @@ class RuleCoverage:
     saved: list[str] = field(default_factory=list)
 
 
-def _rules() -> list[tuple[object, object]]:
-    from fuzz.rule_instances import _rules_with_domains
+def _rules() -> list[tuple[Rule, Domain]]:
+    from onnxfuse.fuzz.rule_instances import _rules_with_domains
 
     return list(_rules_with_domains())
 
@@ -134,7 +136,7 @@ def build_case(
             name = choices.choice(_STEPS)
             b.steps.append(name)
             _BY_NAME[name](b)
-        from fuzz.rule_instances import embed_instance
+        from onnxfuse.fuzz.rule_instances import embed_instance
 
         if embed_instance(b, rule, narrowed, not plain, fire_target) is None:
             if fire_target is not None:
@@ -215,6 +217,7 @@ def check_rule(
         if case is None:
             coverage.not_drawn[why] += 1
             continue
+        assert isinstance(original, oracle.Original)  # a case is kept only with one
         coverage.embedded += 1
         outcome = oracle.check(original, target_name)
         fired = rule.name in outcome.applied
@@ -243,9 +246,10 @@ def check_rule(
 
 def run_job(job: tuple) -> RuleCoverage:
     """check_rule for the rule named in ``job`` (a process pool's unit of work)."""
-    name, index, repeats, targets, fuzz_seed, corpus_dir, command = job
-    from fuzz.graph_runner import _load_local_modules
+    name, index, repeats, targets, fuzz_seed, corpus_dir, command, rules = job
+    from onnxfuse.fuzz.graph_runner import _load_local_modules
 
+    oracle.use_rules(rules)
     _load_local_modules()
     rule, domain = next((r, d) for r, d in _rules() if r.name == name)
     return check_rule(rule, domain, index, repeats, targets, fuzz_seed, corpus_dir, command)

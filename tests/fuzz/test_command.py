@@ -1,0 +1,143 @@
+"""`onnxfuse fuzz`: the fuzzers from an installed package, with a user's own rules,
+run outside any clone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
+
+MISH = """
+rules:
+  - name: my-mish
+    description: x * tanh(softplus(x)) is Mish
+    opset: {"": [18, null]}
+    source: |
+      f (X) => (Y) {
+        s = Softplus(X)
+        t = Tanh(s)
+        Y = Mul(X, t)
+      }
+    replacement: |
+      f (X) => (Y) {
+        Y = Mish(X)
+      }
+    verify:
+      opsets: [18]
+      dtypes: [float]
+      inputs: {X: [4]}
+"""
+
+
+def _onnxfuse_fuzz(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    # Only the package on the path: no clone's top-level fuzz/ to lean on.
+    env = {**os.environ, "PYTHONPATH": str(ENGINE)}
+    return subprocess.run(
+        [sys.executable, "-m", "onnxfuse", "fuzz", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _summary(result: subprocess.CompletedProcess) -> tuple[int, int]:
+    last = result.stdout.rstrip("\n").splitlines()[-1]
+    match = re.fullmatch(r"(\d+) passed, (\d+) failed", last)
+    assert match, f"last line is {last!r}: {result.stderr[-2000:]}"
+    return int(match.group(1)), int(match.group(2))
+
+
+def test_graphs_with_a_users_rules_run_outside_the_repository(tmp_path: Path):
+    (tmp_path / "mine.yaml").write_text(MISH)
+    result = _onnxfuse_fuzz(
+        tmp_path, "graphs", "--iterations", "5", "--seed", "1", "--rules", "mine.yaml"
+    )
+    assert _summary(result) == (5, 0), result.stderr[-3000:]
+    assert result.returncode == 0
+    assert "[graphs cpu,onnx] 5/5" in result.stderr  # the progress line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]  # nothing left
+
+
+def test_each_rule_embeds_a_users_rule(tmp_path: Path):
+    (tmp_path / "mine.yaml").write_text(MISH)
+    result = _onnxfuse_fuzz(
+        tmp_path,
+        "graphs",
+        "--each-rule",
+        "2",
+        "--rule",
+        "my-mish",
+        "--rules",
+        "mine.yaml",
+        "--target",
+        "cpu",
+    )
+    assert _summary(result) == (2, 0), result.stderr[-3000:]
+    assert "1 rules: 1 fired" in result.stderr, result.stderr[-3000:]
+
+
+def test_a_bad_rule_file_is_one_line_and_exit_2(tmp_path: Path):
+    (tmp_path / "bad.yaml").write_text("rules: [{name: x}]\n")
+    result = _onnxfuse_fuzz(tmp_path, "graphs", "--iterations", "1", "--rules", "bad.yaml")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "bad.yaml" in result.stderr.splitlines()[-1]
+
+
+def test_rules_mutates_the_installed_packs(tmp_path: Path):
+    result = _onnxfuse_fuzz(tmp_path, "rules", "--iterations", "5", "--seed", "0", "--no-save")
+    assert _summary(result) == (5, 0), result.stderr[-3000:]
+    assert not (tmp_path / "fuzz-corpus").exists()
+    assert not (tmp_path / ".hypothesis").exists()
+
+
+# Rewrites x / sqrt(2) as x * 0.7072: off by 1e-4 relative, a wrong constant.
+NEARLY_RIGHT = """
+rules:
+  - name: div-sqrt2-as-rounded-mul
+    description: a wrong constant, for the fuzzer to find
+    source: |
+      f (X) => (Y) {
+        r = Constant<value_float = 1.4142135>()
+        Y = Div(X, r)
+      }
+    replacement: |
+      f (X) => (Y) {
+        k = Constant<value_float = 0.7072>()
+        Y = Mul(X, k)
+      }
+    verify:
+      dtypes: [float]
+      inputs: {X: [3, 5]}
+"""
+
+
+def test_a_wrong_rule_of_yours_is_saved_and_replayed_with_its_file(tmp_path: Path):
+    (tmp_path / "wrong.yaml").write_text(NEARLY_RIGHT)
+    found = _onnxfuse_fuzz(
+        tmp_path,
+        "graphs",
+        "--each-rule",
+        "2",
+        "--rule",
+        "div-sqrt2-as-rounded-mul",
+        "--rules",
+        "wrong.yaml",
+        "--target",
+        "cpu",
+    )
+    _, failed = _summary(found)
+    assert failed >= 1 and found.returncode == 1, found.stderr[-3000:]
+    (sidecar,) = (tmp_path / "fuzz-corpus").glob("*.json")
+    data = json.loads(sidecar.read_text())
+    assert data["found_by"].startswith("onnxfuse fuzz graphs --each-rule 2")
+    assert data["rules"] == [str((tmp_path / "wrong.yaml").resolve())]
+    replayed = _onnxfuse_fuzz(tmp_path, "replay")
+    assert replayed.stdout.splitlines()[-1] == "0 passed, 1 failed", replayed.stdout
+    assert "mismatch" in replayed.stdout.splitlines()[0]
