@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from onnxfuse.cli.explain import add_explain_command
     from onnxfuse.cli.optimize import add_optimize_command
     from onnxfuse.cli.plan import add_plan_command
+    from onnxfuse.cli.report import add_report_command
     from onnxfuse.cli.rules import add_rules_command
     from onnxfuse.cli.targets import add_targets_command
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_targets_command(sub)
     add_plan_command(sub)
     add_check_command(sub)
+    add_report_command(sub)
     return parser
 
 
