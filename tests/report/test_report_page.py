@@ -1,0 +1,323 @@
+"""The HTML report: what the page holds (read from its HTML), the command line's errors,
+and the page opened in headless Chromium: every fused node present and coloured by its
+rule, no request leaving the page, blocks that open, a search that finds."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from chromium import Chromium, chromium_path
+from helpers import make_model, relu_relu_rule, tensor_input
+from onnx import helper
+
+from onnxfuse.api import sample_model_path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HAS_DOT = subprocess.run(["which", "dot"], capture_output=True).returncode == 0
+needs_dot = pytest.mark.skipif(not HAS_DOT, reason="Graphviz's dot is not installed")
+X = [2, 3, 4]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "onnxfuse", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+def page_data(path: Path) -> dict:
+    found = re.search(
+        r'<script type="application/json" id="onnxfuse-data">(.*?)</script>',
+        path.read_text(encoding="utf-8"),
+        re.DOTALL,
+    )
+    assert found is not None
+    return json.loads(found.group(1))
+
+
+def optimize_with_page(model: Path, folder: Path, *extra: str) -> tuple[Path, Path, Path]:
+    out, report, page = folder / "out.onnx", folder / "report.json", folder / "page.html"
+    result = run_cli(
+        "optimize", str(model), "-o", str(out), "--report-json", str(report),
+        "--html", str(page), "-q", *extra,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out, report, page
+
+
+def created_nodes(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """The main graph's nodes that name their rule, read with onnx alone."""
+    found = {}
+    for node in onnx.load(path, load_external_data=False).graph.node:
+        props = {p.key: p.value for p in node.metadata_props}
+        if "onnxfuse.rule" in props:
+            found[node.name] = (props["onnxfuse.rule"], json.loads(props["onnxfuse.replaced"]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def sample_page(tmp_path_factory) -> tuple[Path, Path, Path]:
+    if not HAS_DOT:
+        pytest.skip("Graphviz's dot is not installed")
+    return optimize_with_page(sample_model_path(), tmp_path_factory.mktemp("sample"))
+
+
+@needs_dot
+def test_each_created_node_is_linked_to_the_input_nodes_it_replaced(sample_page):
+    out, report, page = sample_page
+    data = page_data(page)
+    left, right = data["sides"]["L"], data["sides"]["R"]
+    created = created_nodes(out)
+    assert created
+    applied = {n for n, s in json.loads(report.read_text())["rules"].items() if s["applied"]}
+    for name, (rule, replaced) in created.items():
+        j = right["names"].index(name)
+        assert data["rules"][right["rule"][j]] == rule and rule in applied
+        assert sorted(left["names"][i] for i in right["links"][j]) == sorted(replaced)
+        for i in right["links"][j]:
+            assert j in left["links"][i] and left["rule"][i] >= 0
+
+
+@needs_dot
+def test_the_page_holds_the_rule_table_and_the_op_diff(sample_page):
+    _, report, page = sample_page
+    text = page.read_text(encoding="utf-8")
+    data = json.loads(report.read_text())
+    for name, stats in data["rules"].items():
+        if stats["applied"]:
+            assert re.search(rf"{re.escape(name)}</td><td>{stats['matched']}</td>", text)
+    for op, count in data["ops_before"].items():
+        after = data["ops_after"].get(op, 0)
+        assert f"<td>{op}</td><td>{count}</td><td>{after}</td>" in text
+    assert 'id="coverage"' not in text  # the report has no coverage
+
+
+@needs_dot
+def test_the_json_report_records_the_models_and_the_run(sample_page):
+    out, report, _ = sample_page
+    run = json.loads(report.read_text())["run"]
+    assert run["input"] == str(sample_model_path().resolve())
+    assert run["output"] == str(out) and run["target"] == "cpu" and run["builtin"] is True
+
+
+@needs_dot
+def test_report_json_html_writes_the_page_again(sample_page, tmp_path):
+    _, report, page = sample_page
+    again = tmp_path / "again.html"
+    result = run_cli("report", str(report), "--html", str(again))
+    assert result.returncode == 0, result.stderr
+    assert page_data(again) == page_data(page)
+
+
+@needs_dot
+def test_a_model_the_report_names_that_moved_is_one_line(sample_page, tmp_path):
+    _, report, _ = sample_page
+    data = json.loads(report.read_text())
+    data["run"]["output"] = str(tmp_path / "moved.onnx")
+    moved = tmp_path / "report.json"
+    moved.write_text(json.dumps(data))
+    result = run_cli("report", str(moved), "--html", str(tmp_path / "page.html"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "moved.onnx: no such file (the optimized model of the JSON report)" in result.stderr
+    assert not (tmp_path / "page.html").exists()
+
+
+def test_html_without_dot_is_one_line_before_the_work(tmp_path):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    env = {**os.environ, "PATH": str(bare)}
+    out = tmp_path / "out.onnx"
+    result = run_cli("optimize", "-o", str(out), "--html", str(tmp_path / "p.html"), env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "onnxfuse: error: no 'dot' on PATH: Graphviz's dot lays out the graphs of --html "
+        "(Debian: apt-get install graphviz)"
+    )
+    assert not out.exists()
+
+
+@needs_dot
+def test_a_rule_that_never_applied_is_explained_at_its_nearest_node(tmp_path):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["t"], name="a"),
+        helper.make_node("Relu", ["t"], ["u"], name="b"),
+        helper.make_node("Sigmoid", ["u"], ["y"], name="c"),
+    ]
+    model = tmp_path / "relu.onnx"
+    onnx.save(make_model(nodes, [tensor_input("x", X)], [tensor_input("y", X)]), model)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(relu_relu_rule("relu-of-rank-7") + "    where:\n      - rank(X) == 7\n")
+    _, _, page = optimize_with_page(model, tmp_path, "--rules", str(rules), "--no-builtin")
+    text = page.read_text(encoding="utf-8")
+    section = text[text.index('id="explain"') :]
+    assert '<td>relu-of-rank-7</td><td><a class="goto" data-name="b">Relu &#x27;b&#x27;' in section
+    assert "no match: guard &#x27;rank(X) == 7&#x27; is false" in section
+
+
+@needs_dot
+def test_a_coverage_entry_gets_its_section(sample_page, tmp_path):
+    _, report, _ = sample_page
+    data = json.loads(report.read_text())
+    data["coverage"] = {
+        "target": "npu",
+        "before": {"nodes": 33, "unsupported": {"BatchNormalization": 7, "Pad": 1}},
+        "after": {"nodes": 11, "unsupported": {"Pad": 1}},
+    }
+    covered = tmp_path / "report.json"
+    covered.write_text(json.dumps(data))
+    page = tmp_path / "page.html"
+    assert run_cli("report", str(covered), "--html", str(page)).returncode == 0
+    text = page.read_text(encoding="utf-8")
+    assert "<td>BatchNormalization</td><td>7</td><td>0</td>" in text
+    assert "8 of 33 nodes before and 1 of 11 after are not run by <b>npu</b>" in text
+
+
+def decoder(path: Path, layers: int) -> Path:
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    try:
+        from synthetic import decoder_stack
+    finally:
+        sys.path.remove(str(REPO_ROOT / "bench"))
+    onnx.save(decoder_stack(layers, hidden=16, heads=2), path)
+    return path
+
+
+@needs_dot
+def test_a_layered_graph_is_folded_into_its_layers_on_both_sides(tmp_path):
+    _, _, page = optimize_with_page(decoder(tmp_path / "decoder.onnx", 6), tmp_path)
+    data = page_data(page)
+    layers = [f"model/layers.{i}" for i in range(6)]
+    for key in ("L", "R"):
+        side = data["sides"][key]
+        assert side["blocks"] == layers
+        # Every node of a layer is in its block: the top level keeps the final norm.
+        outside = [
+            n
+            for n, b, k in zip(side["names"], side["block"], side["kinds"])
+            if b < 0 and k == "node"
+        ]
+        assert all(n.startswith("/model/norm/") for n in outside), outside
+
+
+# --- In a real browser --------------------------------------------------------------------
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if chromium_path() is None:
+        if IN_CI:  # .ci/run installs it: a CI run without it has failed, not skipped
+            pytest.fail("chromium is not installed")
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    chromium = Chromium()
+    yield chromium
+    chromium.close()
+
+
+def check_in_browser(browser: Chromium, page_path: Path, out: Path, shot: Path) -> dict:
+    """Open the page: no script error, no request but the page itself, nothing external
+    in the DOM, every created node drawn in its rule's colour; a screenshot taken."""
+    url = page_path.resolve().as_uri()
+    page = browser.open(url)
+    ready = int(page.wait_for("document.body.dataset.readyMs"))
+    assert page.errors == []
+    assert page.requests == [url]
+    assert page.evaluate(
+        "document.querySelector('meta[http-equiv=\"Content-Security-Policy\"]')"
+        ".content.startsWith(\"default-src 'none'\")"
+    )
+    external = page.evaluate(
+        "[...document.querySelectorAll('[src],[href]')].map(e => e.getAttribute('src') || "
+        "e.getAttribute('href')).filter(v => !v.startsWith('#') && !v.startsWith('data:'))"
+    )
+    assert external == []
+    drawn = page.evaluate(
+        """(() => {
+          const data = JSON.parse(document.getElementById('onnxfuse-data').textContent);
+          const shape = (id) => {
+            const g = document.getElementById(id);
+            const s = g && g.querySelector('path, polygon, ellipse');
+            return s && s.getAttribute('fill');
+          };
+          const found = {};
+          for (const key of ['L', 'R']) {
+            const side = data.sides[key];
+            side.names.forEach((name, i) => {
+              if (side.rule[i] >= 0) found[key + ':' + name] = [data.rules[side.rule[i]],
+                shape(key + i), data.colours[side.rule[i]]];
+            });
+          }
+          return found;
+        })()"""
+    )
+    created = created_nodes(out)
+    assert created
+    for name, (rule, replaced) in created.items():
+        assert drawn[f"R:{name}"][0] == rule
+        for input_name in replaced:
+            entry = drawn.get(f"L:{input_name}")
+            assert entry is not None, input_name
+    for key, (rule, fill, colour) in drawn.items():
+        assert fill == colour, (key, rule)
+    page.screenshot(shot)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return {"page": page, "ready_ms": ready}
+
+
+def test_the_sample_page_works_offline_in_chromium(browser, sample_page, tmp_path):
+    out, _, page = sample_page
+    check_in_browser(browser, page, out, tmp_path / "sample.png")
+
+
+def click(page, selector: str) -> None:
+    """A real mouse click at the middle of the element (DevTools' input events)."""
+    x, y = page.evaluate(
+        f"(() => {{ const r = document.querySelector({json.dumps(selector)})"
+        ".getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+    )
+    for kind in ("mousePressed", "mouseReleased"):
+        page.browser.send(
+            "Input.dispatchMouseEvent",
+            {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1},
+            page.session,
+        )
+
+
+@pytest.mark.slow
+def test_a_bert_page_opens_its_layers_and_finds_nodes_in_chromium(browser, tmp_path):
+    from exports.export import export_by_name
+
+    export = export_by_name("bert-mask-legacy17")
+    out, _, page_path = optimize_with_page(export.path, tmp_path)
+    data = page_data(page_path)
+    assert data["sides"]["R"]["blocks"] == ["model/encoder/layer.0", "model/encoder/layer.1"]
+    opened = check_in_browser(browser, page_path, out, tmp_path / "bert.png")["page"]
+    # A click on a layer's box opens it on both sides.
+    click(opened, "#Rb1")
+    shown = "[...document.querySelectorAll('#pane-{} .view')].find(v => !v.hidden).dataset.view"
+    assert opened.evaluate(shown.format("R")) == "1"
+    assert opened.evaluate(shown.format("L")) == "1"
+    # A search lists the nodes of both sides whose name or op holds the text.
+    listed = opened.evaluate(
+        "(() => { const s = document.getElementById('search'); s.value = 'skiplayernorm';"
+        " s.dispatchEvent(new Event('input'));"
+        " return [...document.querySelectorAll('#results li')].map(e => e.textContent); })()"
+    )
+    expected = [
+        f"{title} · {op} · {name}"
+        for key, title in (("L", "original"), ("R", "optimized"))
+        for name, op, kind in zip(*(data["sides"][key][f] for f in ("names", "ops", "kinds")))
+        if kind == "node" and ("skiplayernorm" in name.lower() or "skiplayernorm" in op.lower())
+    ]
+    assert listed == expected and len(expected) == 4
