@@ -150,6 +150,21 @@ def assign_blocks(view: GraphView, inputs: GraphView | None = None) -> None:
             found = Counter(blocks[n] for n in node.replaced if blocks.get(n))
             if found:
                 node.block = found.most_common(1)[0][0]
+    _join_readers(view)
+
+
+def _join_readers(view: GraphView) -> None:
+    """A node that reads nothing (a Constant, which legacy exports name outside any
+    scope) goes into the block of its readers when they are all in one."""
+    fed = {b for _, b in view.edges}
+    readers: dict[int, set[str]] = {}
+    for a, b in view.edges:
+        if a not in fed:
+            readers.setdefault(a, set()).add(view.nodes[b].block)
+    for a, blocks in readers.items():
+        node = view.nodes[a]
+        if node.kind == "node" and not node.block and len(blocks) == 1:
+            node.block = next(iter(blocks))
 
 
 def _numbered_series(paths: list[tuple[str, ...]]) -> set[tuple[tuple[str, ...], str]]:
