@@ -2,7 +2,8 @@
 block its own view) and flat (the whole graph in one view), the page's size, and the time
 headless Chromium takes to show it (navigation start to the first frame, median of 3).
 
-    python bench/report_page.py [--flat-timeout S] [--screenshot FILE] [--json FILE]
+    python bench/report_page.py [--only NAME ...] [--flat-timeout S] [--screenshot FILE]
+                                [--json FILE]
 
 Models: the bundled sample CNN, that CNN quantized (QDQ, by onnxruntime's tools), a 12-layer
 BERT export (the legacy exporter at opset 17: about 1,100 nodes) and a 98-layer
@@ -110,6 +111,7 @@ def dot_seconds(before: Path, after: Path, fold: bool, timeout: float) -> tuple[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", default=[], metavar="NAME")
     parser.add_argument("--flat-timeout", type=float, default=300.0)
     parser.add_argument("--screenshot", type=Path, help="a screenshot of the BERT page")
     parser.add_argument("--json", type=Path)
@@ -119,6 +121,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for name, path in models(folder).items():
+            if args.only and name not in args.only:
+                continue
             out, page = folder / f"{name}.out.onnx", folder / f"{name}.html"
             nodes = len(onnx.load(path, load_external_data=False).graph.node)
             started = time.perf_counter()

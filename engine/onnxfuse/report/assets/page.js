@@ -180,11 +180,13 @@
       describe(hit.key, hit.index);
       const links = pane.side.links[hit.index];
       if (links.length) {
-        // The other side shows the block where most of the linked nodes are.
+        // The other side shows the block where most of the linked nodes are, this
+        // block when some are in it (a fusion that also read the model's shared mask).
         const peer = panes[other(pane.key)];
+        const here = pane.current < 0 ? -1 : peer.side.blocks.indexOf(pane.side.blocks[pane.current]);
         const count = new Map();
         for (const j of links) count.set(peer.side.block[j], (count.get(peer.side.block[j]) || 0) + 1);
-        const best = [...count.entries()].sort((a, b) => b[1] - a[1])[0][0];
+        const best = count.has(here) ? here : [...count.entries()].sort((a, b) => b[1] - a[1])[0][0];
         open(peer, best, false);
       }
     });
