@@ -85,8 +85,9 @@ def models(folder: Path) -> dict[str, Path]:
 def dot_seconds(before: Path, after: Path, fold: bool, timeout: float) -> tuple[float | None, int]:
     """dot's time on every view of both sides (None: over ``timeout``), and the views."""
     target = load_target("cpu")
-    left, right = graph_view(load_model(before, target=target)), graph_view(
-        load_model(after, target=target)
+    left, right = (
+        graph_view(load_model(before, target=target)),
+        graph_view(load_model(after, target=target)),
     )
     if fold:
         assign_blocks(left)

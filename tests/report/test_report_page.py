@@ -225,9 +225,12 @@ def browser():
     chromium.close()
 
 
-def check_in_browser(browser: Chromium, page_path: Path, out: Path, shot: Path) -> dict:
+def check_in_browser(
+    browser: Chromium, page_path: Path, out: Path, shot: Path, fused: bool = True
+) -> dict:
     """Open the page: no script error, no request but the page itself, nothing external
-    in the DOM, every created node drawn in its rule's colour; a screenshot taken."""
+    in the DOM, every created node drawn in its rule's colour (``fused``: there are
+    some); a screenshot taken."""
     url = page_path.resolve().as_uri()
     page = browser.open(url)
     ready = int(page.wait_for("document.body.dataset.readyMs"))
@@ -262,7 +265,7 @@ def check_in_browser(browser: Chromium, page_path: Path, out: Path, shot: Path) 
         })()"""
     )
     created = created_nodes(out)
-    assert created
+    assert created or not fused
     for name, (rule, replaced) in created.items():
         assert drawn[f"R:{name}"][0] == rule
         for input_name in replaced:
@@ -278,6 +281,53 @@ def check_in_browser(browser: Chromium, page_path: Path, out: Path, shot: Path) 
 def test_the_sample_page_works_offline_in_chromium(browser, sample_page, tmp_path):
     out, _, page = sample_page
     check_in_browser(browser, page, out, tmp_path / "sample.png")
+
+
+def qdq_cnn(folder: Path) -> Path:
+    """The sample CNN quantized by onnxruntime's tools (QDQ, per channel)."""
+    import numpy as np
+    from onnx import version_converter
+    from onnxruntime import quantization
+
+    class Calibration(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(0)
+            self.feeds = iter(
+                {"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} for _ in range(4)
+            )
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    source, out = folder / "float21.onnx", folder / "qdq.onnx"
+    onnx.save(version_converter.convert_version(onnx.load(sample_model_path()), 21), source)
+    quantization.quantize_static(
+        str(source), str(out), Calibration(), quant_format=quantization.QuantFormat.QDQ,
+        per_channel=True, weight_type=quantization.QuantType.QInt8,
+    )  # fmt: skip
+    return out
+
+
+def test_a_qdq_cnn_page_works_offline_in_chromium(browser, tmp_path):
+    out, _, page = optimize_with_page(qdq_cnn(tmp_path), tmp_path)
+    check_in_browser(browser, page, out, tmp_path / "qdq.png", fused=False)
+
+
+def test_a_folded_decoder_page_works_offline_in_chromium(browser, tmp_path):
+    out, _, page = optimize_with_page(decoder(tmp_path / "decoder.onnx", 6), tmp_path)
+    opened = check_in_browser(browser, page, out, tmp_path / "decoder.png")["page"]
+    # A click on a node a rule created lights up the input's nodes it replaced.
+    click(opened, "#Rb2")
+    data = page_data(page)
+    right = data["sides"]["R"]
+    j = next(j for j, r in enumerate(right["rule"]) if r >= 0 and right["block"][j] == 2)
+    click(opened, f"#R{j}")
+    lit = opened.evaluate("[...document.querySelectorAll('#pane-L g.hl')].map(g => g.id)")
+    nodes = sorted(i for i in lit if re.fullmatch(r"L\d+", i))
+    assert nodes == sorted(f"L{i}" for i in right["links"][j])
+    # and the boxes of the blocks they are in, for when those are closed
+    left_blocks = {data["sides"]["L"]["block"][i] for i in right["links"][j]}
+    assert sorted(set(lit) - set(nodes)) == sorted(f"Lb{b}" for b in left_blocks if b >= 0)
 
 
 def click(page, selector: str) -> None:
