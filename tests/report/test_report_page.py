@@ -132,6 +132,28 @@ def test_a_model_the_report_names_that_moved_is_one_line(sample_page, tmp_path):
     assert not (tmp_path / "page.html").exists()
 
 
+@needs_dot
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("run"), "the JSON report has no 'run' record of its models"),
+        (lambda d: d["run"].update(input=3), "the JSON report's run.input is not a path"),
+        (lambda d: d["run"].update(rules="x.yaml"), "the JSON report's run.rules is not paths"),
+        (lambda d: d.update(rules=[1]), "the JSON report's rules are not a table of rule counts"),
+        (lambda d: d["run"].update(output=None), "records no optimized model: optimize ran"),
+    ],
+)
+def test_a_json_report_edited_wrong_is_one_line(sample_page, tmp_path, edit, message):
+    _, report, _ = sample_page
+    data = json.loads(report.read_text())
+    edit(data)
+    edited = tmp_path / "report.json"
+    edited.write_text(json.dumps(data))
+    result = run_cli("report", str(edited), "--html", str(tmp_path / "page.html"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
 def test_html_without_dot_is_one_line_before_the_work(tmp_path):
     bare = tmp_path / "bin"
     bare.mkdir()

@@ -20,6 +20,7 @@ from onnxfuse import api
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.files.model_io import load_model
 from onnxfuse.files.output_paths import write_text
+from onnxfuse.language.rule import Rule
 from onnxfuse.report.graph_view import GraphView, assign_blocks, graph_view
 from onnxfuse.report.layout import render_svg, require_dot
 from onnxfuse.report.views import SideViews, rule_colours, side_views
@@ -78,16 +79,15 @@ def write_page(
     ``destination``. ``optimized``: where the optimized model is, when the run wrote it
     elsewhere than the record says (optimize --html without -o)."""
     require_dot()
-    run = data.get(RUN_KEY)
-    if not isinstance(run, dict) or not isinstance(run.get("input"), str):
-        raise OnnxfuseError("the JSON report records no models (run optimize with --report-json)")
-    output = optimized if optimized is not None else run.get("output")
+    run = _checked(data)
+    output = optimized if optimized is not None else run["output"]
     if output is None:
         raise OnnxfuseError("the JSON report records no optimized model: optimize ran without -o")
     for path, what in ((run["input"], "input"), (output, "optimized")):
         if not Path(path).is_file():
             raise OnnxfuseError(f"{path}: no such file (the {what} model of the JSON report)")
-    target = load_target(run.get("target") or "cpu")
+    target = load_target(run["target"])
+    chosen = api.select_rules(run["rules"], run["disable"], builtin=run["builtin"], target=target)
     started = time.perf_counter()
     before = load_model(run["input"], target=target)
     after = load_model(output, target=target)
@@ -102,16 +102,36 @@ def write_page(
     if progress is not None:
         count = sum(len(views.sources) for views in drawn)
         progress(f"page: {count} views laid out in {time.perf_counter() - started:.2f} s")
-    chosen = api.select_rules(
-        run.get("rules") or [],
-        run.get("disable") or [],
-        builtin=bool(run.get("builtin", True)),
-        target=target,
-    )
     explained = _not_applied(after, chosen, data, target)
     shown = run.get("output") or "not written (no -o)"
     page = _page(data, run, shown, sides, drawn, svgs, rules, colours, explained)
     write_text(destination, page)
+
+
+def _checked(data: dict[str, Any]) -> dict[str, Any]:
+    """The run record of a JSON report, each field of its type, and the report's rule
+    table a table: a report edited by hand is one line, not a traceback."""
+    run = data.get(RUN_KEY)
+    if not isinstance(run, dict):
+        raise OnnxfuseError(
+            f"the JSON report has no '{RUN_KEY}' record of its models (made by optimize "
+            "--report-json of this version)"
+        )
+    fields: dict[str, tuple[Callable[[Any], bool], str]] = {
+        "input": (lambda v: isinstance(v, str), "a path"),
+        "output": (lambda v: v is None or isinstance(v, str), "a path or null"),
+        "target": (lambda v: isinstance(v, str), "a target"),
+        "rules": (lambda v: isinstance(v, list) and all(isinstance(p, str) for p in v), "paths"),
+        "disable": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v), "names"),
+        "builtin": (lambda v: isinstance(v, bool), "true or false"),
+    }
+    for name, (valid, what) in fields.items():
+        if name not in run or not valid(run[name]):
+            raise OnnxfuseError(f"the JSON report's {RUN_KEY}.{name} is not {what}")
+    rules = data.get("rules", {})
+    if not isinstance(rules, dict) or not all(isinstance(s, dict) for s in rules.values()):
+        raise OnnxfuseError("the JSON report's rules are not a table of rule counts")
+    return run
 
 
 def _link(left: GraphView, right: GraphView) -> list[_Side]:
@@ -141,7 +161,7 @@ def _link(left: GraphView, right: GraphView) -> list[_Side]:
 
 
 def _not_applied(
-    model: ir.Model, rules: list, data: dict[str, Any], target: Target
+    model: ir.Model, rules: list[Rule], data: dict[str, Any], target: Target
 ) -> list[tuple[str, Explanation, str | None]]:
     """For each rule that never applied but got past its anchor somewhere in the
     optimized model (or matched and was blocked), its nearest node as ``explain`` gives
