@@ -109,3 +109,22 @@ def test_a_constant_joins_the_block_of_its_readers():
     view = gv.graph_view(model)
     gv.assign_blocks(view)
     assert blocks(view)["Constant_7"] == "m/layer.1"
+
+
+def test_a_big_top_level_without_scopes_is_cut_into_runs_of_nodes(monkeypatch):
+    monkeypatch.setattr(gv, "DRAWN_WHOLE_MAX", 4)
+    monkeypatch.setattr(gv, "CHUNK_NODES", 3)
+    before = gv.graph_view(chain([f"relu_{i}" for i in range(7)]))
+    gv.assign_blocks(before)
+    assert list(blocks(before).values()) == ["nodes 1-3"] * 3 + ["nodes 4-6"] * 3 + ["nodes 7-7"]
+    # The optimized side follows the input's runs, it is not cut on its own.
+    after = gv.graph_view(chain(["relu_0", "relu_4", "relu_5", "relu_6"]))
+    gv.assign_blocks(after, before)
+    assert list(blocks(after).values()) == ["nodes 1-3", "nodes 4-6", "nodes 4-6", "nodes 7-7"]
+
+
+def test_a_top_level_small_enough_is_not_cut(monkeypatch):
+    monkeypatch.setattr(gv, "DRAWN_WHOLE_MAX", 7)
+    view = gv.graph_view(chain([f"relu_{i}" for i in range(7)]))
+    gv.assign_blocks(view)
+    assert set(blocks(view).values()) == {""}

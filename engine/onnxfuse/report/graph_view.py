@@ -15,6 +15,9 @@ from onnxfuse.rewrite.apply import PROVENANCE_REPLACED, PROVENANCE_RULE
 
 # Below this many nodes a graph is drawn whole: folding it would hide more than it helps.
 FOLD_FROM_NODES = 200
+# A top level of more nodes than this is cut into runs of CHUNK_NODES, each a block.
+DRAWN_WHOLE_MAX = 600
+CHUNK_NODES = 250
 # The scopes the dynamo exporter records per node (['', 'model', 'model.encoder', ...]).
 _TORCH_SCOPES = "pkg.torch.onnx.name_scopes"
 # A scope that is one of a numbered series: layer.3, layers_17, h.0, block1.
@@ -134,7 +137,8 @@ def assign_blocks(view: GraphView, inputs: GraphView | None = None) -> None:
     """Fold a big graph into its repeated blocks: a node belongs to the first scope of
     its path that is one of a numbered series of two or more (layer.0 ... layer.11). A
     node a rule created belongs where most of the nodes it replaced were (``inputs``:
-    the model those names are from), so both sides fold the same way."""
+    the model those names are from), so both sides fold the same way. What is left at
+    the top level of the input, if still too big, is cut into runs of nodes."""
     if sum(node.kind == "node" for node in view.nodes) < FOLD_FROM_NODES and (
         inputs is None or sum(node.kind == "node" for node in inputs.nodes) < FOLD_FROM_NODES
     ):
@@ -151,6 +155,21 @@ def assign_blocks(view: GraphView, inputs: GraphView | None = None) -> None:
             if found:
                 node.block = found.most_common(1)[0][0]
     _join_readers(view)
+    if inputs is None:
+        _chunk_top_level(view)
+
+
+def _chunk_top_level(view: GraphView) -> None:
+    """A top level still too big to draw at once (names that say nothing of the
+    structure) is cut into runs of consecutive nodes, each a block: dot took 224 s on
+    5,000 nodes in one view, and no reader follows that many."""
+    top = [n for n in view.nodes if n.kind == "node" and not n.block]
+    if len(top) <= DRAWN_WHOLE_MAX:
+        return
+    for start in range(0, len(top), CHUNK_NODES):
+        run = top[start : start + CHUNK_NODES]
+        for node in run:
+            node.block = f"nodes {start + 1}-{start + len(run)}"
 
 
 def _join_readers(view: GraphView) -> None:
