@@ -396,3 +396,12 @@ def test_a_bert_page_opens_its_layers_and_finds_nodes_in_chromium(browser, tmp_p
         if kind == "node" and ("skiplayernorm" in name.lower() or "skiplayernorm" in op.lower())
     ]
     assert listed == expected and len(expected) == 4
+
+
+@needs_dot
+def test_without_provenance_the_page_colours_nothing_and_says_so(tmp_path):
+    _, _, page = optimize_with_page(sample_model_path(), tmp_path, "--no-provenance")
+    data = page_data(page)
+    assert data["rules"] == []
+    assert all(r < 0 for side in data["sides"].values() for r in side["rule"])
+    assert "written with --no-provenance): nothing is coloured" in page.read_text(encoding="utf-8")

@@ -282,7 +282,10 @@ def _summary(data: dict[str, Any], run: dict[str, Any], output: str) -> str:
 
 def _legend(data: dict[str, Any], rules: list[str], colours: dict[str, str]) -> str:
     if not rules:
-        return '<p class="legend">no rule created a node of the optimized model</p>'
+        return (
+            '<p class="legend">no node of the optimized model names the rule that created it'
+            " (none fired, or it was written with --no-provenance): nothing is coloured</p>"
+        )
     stats = data.get("rules") or {}
     items = "".join(
         f'<li data-rule="{i}"><span class="swatch" style="background:{colours[r]}"></span>'
