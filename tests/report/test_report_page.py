@@ -195,18 +195,43 @@ def test_a_rule_that_never_applied_is_explained_at_its_nearest_node(tmp_path):
 def test_a_coverage_entry_gets_its_section(sample_page, tmp_path):
     _, report, _ = sample_page
     data = json.loads(report.read_text())
+
+    def side(nodes: int, uncovered: list[tuple[str, str]], runs: int) -> dict:
+        ops: dict[str, int] = {}
+        for _, op in uncovered:
+            ops[op] = ops.get(op, 0) + 1
+        return {
+            "target": "npu",
+            "nodes": nodes,
+            "uncovered": [
+                {"node": n, "op": op, "reason": f"{op} for T=double", "graph": ""}
+                for n, op in uncovered
+            ],
+            "uncovered_ops": ops,
+            "partitions": [{"nodes": 1, "first": "a", "last": "a"}] * runs,
+            "inlined": {},
+        }
+
     data["coverage"] = {
-        "target": "npu",
-        "before": {"nodes": 33, "unsupported": {"BatchNormalization": 7, "Pad": 1}},
-        "after": {"nodes": 11, "unsupported": {"Pad": 1}},
+        "before": side(33, [("block1.pad", "Pad"), ("stem.bn", "BatchNormalization")], 3),
+        "after": side(11, [("block1.pad", "Pad")], 1),
     }
     covered = tmp_path / "report.json"
     covered.write_text(json.dumps(data))
     page = tmp_path / "page.html"
     assert run_cli("report", str(covered), "--html", str(page)).returncode == 0
     text = page.read_text(encoding="utf-8")
-    assert "<td>BatchNormalization</td><td>7</td><td>0</td>" in text
-    assert "8 of 33 nodes before and 1 of 11 after are not run by <b>npu</b>" in text
+    section = text[text.index('id="coverage"') :]
+    assert "<td>BatchNormalization</td><td>1</td><td>0</td>" in section
+    assert "<td>Pad</td><td>1</td><td>1</td>" in section
+    assert (
+        "Not run by <b>npu</b>: 2 of 33 nodes before (3 runs of nodes it runs), "
+        "1 of 11 nodes after (1 run of nodes it runs)." in section
+    )
+    assert (
+        '<a class="goto" data-side="L" data-name="stem.bn">BatchNormalization &#x27;stem.bn'
+        "&#x27;</a>: BatchNormalization for T=double" in section
+    )
 
 
 def decoder(path: Path, layers: int) -> Path:

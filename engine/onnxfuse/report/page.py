@@ -374,19 +374,24 @@ def _explained(explained: list[tuple[str, Explanation, str | None]]) -> str:
     )
 
 
-def coverage_section(data: dict[str, Any]) -> str | None:
-    """The target's coverage, when the report has one. The shape read, and nothing else:
+# Nodes the target cannot run listed per side; more are counted.
+_UNCOVERED_LISTED = 50
 
-    ``coverage: {"target": NAME, "before": SIDE, "after": SIDE}``, each SIDE
-    ``{"nodes": N, "unsupported": {OP: COUNT}}``: the nodes of the model and, per op
-    (``Op`` or ``domain::Op``), how many of them the target cannot run."""
+
+def coverage_section(data: dict[str, Any]) -> str | None:
+    """The target's coverage, when the report has one, as ``Coverage.to_json`` writes
+    it; what is read, and nothing else:
+
+    ``coverage: {"before": SIDE, "after": SIDE}``, each SIDE ``{"target": NAME,
+    "nodes": N, "uncovered_ops": {OP: COUNT}, "uncovered": [{"node", "op", "reason",
+    "graph"}], "partitions": [...]}``: per op (``Op`` or ``domain::Op``) how many nodes
+    the target cannot run, which ones and why, and the runs of nodes it can."""
     coverage = data.get("coverage")
     if not isinstance(coverage, dict):
         return None
-    before = coverage.get("before") or {}
-    after = coverage.get("after") or {}
-    old: dict[str, int] = before.get("unsupported") or {}
-    new: dict[str, int] = after.get("unsupported") or {}
+    before, after = coverage.get("before") or {}, coverage.get("after") or {}
+    old: dict[str, int] = before.get("uncovered_ops") or {}
+    new: dict[str, int] = after.get("uncovered_ops") or {}
     rows = (
         "".join(
             f"<tr><td>{_e(op)}</td><td>{old.get(op, 0)}</td><td>{new.get(op, 0)}</td></tr>"
@@ -394,15 +399,35 @@ def coverage_section(data: dict[str, Any]) -> str | None:
         )
         or '<tr><td colspan="3">the target runs every node, before and after</td></tr>'
     )
-    totals = (
-        f"<p>{sum(old.values())} of {before.get('nodes', '?')} nodes before and "
-        f"{sum(new.values())} of {after.get('nodes', '?')} after are not run by "
-        f"<b>{_e(str(coverage.get('target', '')))}</b>.</p>"
-    )
+    target = after.get("target") or before.get("target") or ""
+
+    def totals(side: dict[str, Any], when: str) -> str:
+        runs = len(side.get("partitions") or [])
+        return (
+            f"{sum((side.get('uncovered_ops') or {}).values())} of {side.get('nodes', '?')} "
+            f"nodes {when} ({runs} run{'s' if runs != 1 else ''} of nodes it runs)"
+        )
+
+    listed = ""
+    for side, key, title in ((before, "L", "original"), (after, "R", "optimized")):
+        uncovered = [u for u in side.get("uncovered") or [] if isinstance(u, dict)]
+        items = "".join(
+            f'<li><a class="goto" data-side="{key}" data-name="{_e(str(u.get("node", "")))}">'
+            f"{_e(str(u.get('op', '')))} &#x27;{_e(str(u.get('node', '')))}&#x27;</a>: "
+            f"{_e(str(u.get('reason', '')))}</li>"
+            for u in uncovered[:_UNCOVERED_LISTED]
+        )
+        more = len(uncovered) - _UNCOVERED_LISTED
+        if more > 0:
+            items += f"<li>and {more} more</li>"
+        if items:
+            listed += f"<h3>Not run in the {title} model</h3><ul>{items}</ul>"
     return (
         '<section class="table" id="coverage"><h2>Coverage</h2>'
-        f"{totals}<table><thead><tr><th>op the target cannot run</th><th>before</th>"
-        f"<th>after</th></tr></thead><tbody>{rows}</tbody></table></section>"
+        f"<p>Not run by <b>{_e(str(target))}</b>: {totals(before, 'before')}, "
+        f"{totals(after, 'after')}.</p>"
+        "<table><thead><tr><th>op the target cannot run</th><th>before</th>"
+        f"<th>after</th></tr></thead><tbody>{rows}</tbody></table>{listed}</section>"
     )
 
 

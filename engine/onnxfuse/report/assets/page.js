@@ -228,8 +228,9 @@
   document.getElementById('fit').onclick = () => { fit(panes.L); fit(panes.R); };
   for (const link of document.querySelectorAll('a.goto')) {
     link.onclick = () => {
-      const index = data.sides.R.names.indexOf(link.dataset.name);
-      if (index >= 0) { reveal('R', index); panes.R.el.scrollIntoView({ block: 'nearest' }); }
+      const key = link.dataset.side || 'R';
+      const index = data.sides[key].names.indexOf(link.dataset.name);
+      if (index >= 0) { reveal(key, index); panes[key].el.scrollIntoView({ block: 'nearest' }); }
     };
   }
   for (const item of document.querySelectorAll('.legend li')) {
