@@ -7,7 +7,8 @@ Each block is pre-norm self-attention and an MLP in decomposed form: layer
 norm as ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add, attention as
 MatMul + bias, Reshape/Transpose into heads, scaled QK^T with an additive
 causal mask, Softmax, the context back through Transpose/Reshape, and the
-exact (erf) Gelu in the MLP: about 60 nodes per block, every one of them a
+exact (erf) Gelu in the MLP: about 60 nodes per block, named by their block
+(/model/layers.3/matmul_812) as the legacy exporter names them, every one of them a
 candidate for some rule. Weights are zeros by default (cheap to write and
 compress nothing away: a rule that never reads a weight must not load it) or
 seeded random. ``--external`` stores every initializer in one external data
@@ -35,6 +36,7 @@ class _Builder:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.count = 0
+        self.scope = ""  # the module path a node's name starts with (/model/layers.3/)
 
     def name(self, stem: str) -> str:
         self.count += 1
@@ -55,7 +57,7 @@ class _Builder:
         return name
 
     def op(self, op_type: str, inputs: list[str], **attrs) -> str:
-        out = self.name(op_type.lower())
+        out = self.name(f"{self.scope}{op_type.lower()}")
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
         return out
 
@@ -117,8 +119,10 @@ def decoder_stack(
     ``mask [batch, 1, seq, seq]``; output ``output`` of the input's shape."""
     b = _Builder(hidden, heads, ffn or 4 * hidden, weights, seed)
     x = "hidden_states"
-    for _ in range(layers):
+    for layer in range(layers):
+        b.scope = f"/model/layers.{layer}/"
         x = b.block(x, "mask")
+    b.scope = "/model/norm/"
     b.layer_norm(x)
     b.nodes[-1].output[0] = "output"  # the final Add writes the graph output directly
     graph = helper.make_graph(

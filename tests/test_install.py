@@ -172,3 +172,17 @@ def test_unknown_target_is_a_one_line_error(venv, tmp_path):
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.skipif(
+    shutil.which("dot") is None and os.environ.get("CI") != "true",
+    reason="Graphviz's dot is not installed (.ci/run installs it: under CI=true this fails)",
+)
+def test_the_html_report_has_its_script_and_style_when_installed(venv, tmp_path):
+    page = tmp_path / "page.html"
+    args = [venv / "bin" / "onnxfuse", "optimize", "-q", "--html", page]
+    result = _run(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = page.read_text(encoding="utf-8")
+    assert (REPO_ROOT / "engine/onnxfuse/report/assets/page.js").read_text() in text
+    assert (REPO_ROOT / "engine/onnxfuse/report/assets/page.css").read_text() in text

@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     from onnxfuse.cli.fuzz import add_fuzz_command
     from onnxfuse.cli.optimize import add_optimize_command
     from onnxfuse.cli.plan import add_plan_command
+    from onnxfuse.cli.report import add_report_command
     from onnxfuse.cli.rules import add_rules_command
     from onnxfuse.cli.targets import add_targets_command
 
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_command(sub)
     add_check_command(sub)
     add_fuzz_command(sub)
+    add_report_command(sub)
     return parser
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+import tempfile
 from pathlib import Path
 
 from onnxfuse.cli.arguments import add_rule_options, positive_int
-from onnxfuse.errors import creating
 
 
 def add_optimize_command(sub: argparse._SubParsersAction) -> None:
@@ -65,6 +64,12 @@ def add_optimize_command(sub: argparse._SubParsersAction) -> None:
         help="list each rewrite in order: rule, anchor node, nodes replaced and created "
         "(also in the JSON report)",
     )
+    optimize.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write a page showing the original and the optimized graph side by side, "
+        "what each rule fused, and why the others did not (needs Graphviz's dot)",
+    )
     optimize.add_argument("-q", "--quiet", action="store_true", help="no terminal report")
     optimize.set_defaults(handler=_run_optimize)
 
@@ -81,6 +86,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
     )
     from onnxfuse.language.packs import files_read
     from onnxfuse.passes.pipeline import Options, check_dequantize
+    from onnxfuse.report.layout import require_dot
+    from onnxfuse.report.page import RUN_KEY, run_record, write_page
     from onnxfuse.rewrite.driver import DEFAULT_MAX_ITERATIONS
     from onnxfuse.targets.capabilities import load_target
     from onnxfuse.targets.params import split_spec
@@ -103,20 +110,36 @@ def _run_optimize(args: argparse.Namespace) -> int:
         check_dequantize(target)  # before the work: one line, exit 2
     if args.fold_limit:
         options.fold_limit_bytes = args.fold_limit
-    check_distinct({"-o": args.output, "--report-json": args.report_json})
-    outputs = [path for path in (args.output, args.report_json) if path is not None]
-    if args.report_json is not None:
-        check_output(args.report_json)
-        refuse_overwriting([args.report_json], model_file(model_path))
+    check_distinct({"-o": args.output, "--report-json": args.report_json, "--html": args.html})
+    reports = [path for path in (args.report_json, args.html) if path is not None]
+    outputs = [path for path in (args.output, *reports) if path is not None]
+    for path in reports:
+        check_output(path)
+    refuse_overwriting(reports, model_file(model_path))
+    if args.html is not None:
+        require_dot()  # before the work: one line, exit 2
     rule_files = [file for path in args.rules for file in files_read(Path(path))]
     refuse_overwriting_read(outputs, rule_files, "the rule file")
     base, _ = split_spec(args.target)
     if Path(base).suffix in (".yaml", ".yml"):
         refuse_overwriting_read(outputs, [Path(base)], "the capability file")
-    also = [args.report_json] if args.report_json is not None else []
-    report = api.optimize_file(model_path, args.output, rules, options, also_writes=also)
-    if args.report_json:
-        write_json(args.report_json, report.to_json(all_rules=args.report_all_rules))
+    record = run_record(
+        model_path, args.output, args.target, args.rules, args.disable, not args.no_builtin
+    )
+    with tempfile.TemporaryDirectory(prefix="onnxfuse-") as folder:
+        # The page reads the optimized model back: without -o it is written here.
+        written = args.output
+        if written is None and args.html is not None:
+            written = str(Path(folder) / model_path.name)
+        report = api.optimize_file(model_path, written, rules, options, also_writes=reports)
+        if args.output is None:  # a model the user did not ask for has no size to report
+            report.bytes_before = report.bytes_after = None
+            report.larger_because = []
+        data = {**report.to_json(all_rules=args.report_all_rules), RUN_KEY: record}
+        if args.report_json:
+            write_json(args.report_json, data)
+        if args.html:
+            write_page(data, args.html, optimized=written, progress=options.progress)
     if not args.quiet:
         print(format_report(report, str(model_path), args.output))
     warn_repairs(report.repairs)
@@ -131,14 +154,6 @@ def _progress(message: str) -> None:
 
 def write_json(path: str, data: object) -> None:
     """``data`` as JSON, written atomically."""
-    from onnxfuse.files.output_paths import temporary_prefix
+    from onnxfuse.files.output_paths import write_text
 
-    target = Path(path)
-    temporary = target.with_name(f"{temporary_prefix(target)}tmp")
-    with creating(path):
-        try:
-            temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        except OSError:
-            temporary.unlink(missing_ok=True)
-            raise
-    os.replace(temporary, target)
+    write_text(path, json.dumps(data, indent=2) + "\n")

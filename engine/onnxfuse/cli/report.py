@@ -1,7 +1,10 @@
-"""The terminal report of an optimization run, and the warnings of a model's repairs."""
+"""The terminal report of an optimization run, the warnings of a model's repairs, and
+`onnxfuse report REPORT.json --html OUT`: the page of a run from its JSON report."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from collections.abc import Iterable
 
@@ -90,3 +93,33 @@ def coverage_lines(report: Report) -> list[str]:
 
 # Uncovered nodes the terminal report names; the JSON report lists them all.
 _SHOWN = 5
+
+
+def add_report_command(sub: argparse._SubParsersAction) -> None:
+    report = sub.add_parser(
+        "report",
+        help="write the HTML page of a run from its JSON report (optimize --report-json)",
+    )
+    report.add_argument("report", help="the JSON report of a run")
+    report.add_argument("--html", required=True, metavar="FILE", help="where to write the page")
+    report.set_defaults(handler=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from onnxfuse.errors import OnnxfuseError
+    from onnxfuse.files.output_paths import check_distinct, check_output
+    from onnxfuse.report.layout import require_dot
+    from onnxfuse.report.page import write_page
+
+    check_distinct({"REPORT": args.report, "--html": args.html})
+    check_output(args.html)
+    require_dot()
+    try:
+        with open(args.report, encoding="utf-8") as file:
+            data = json.load(file)
+    except ValueError as exc:
+        raise OnnxfuseError(f"{args.report}: not a JSON report ({exc})") from None
+    if not isinstance(data, dict):
+        raise OnnxfuseError(f"{args.report}: not a JSON report of onnxfuse optimize")
+    write_page(data, args.html)
+    return 0

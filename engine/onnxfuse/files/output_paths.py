@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from onnxfuse.errors import OnnxfuseError
+from onnxfuse.errors import OnnxfuseError, creating
 from onnxfuse.files.input_files import InputFiles
 
 # Room left in a 255-byte file name for a temporary name's dot, random part and suffix.
@@ -24,6 +24,19 @@ def temporary_prefix(path: Path) -> str:
     if len(os.fsencode(path.name)) > _TEMPORARY_NAME_ROOM:
         return ".onnxfuse-"
     return f".{path.name}."
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write a text output (a JSON or HTML report) whole: beside it first, then renamed."""
+    target = Path(path)
+    temporary = target.with_name(f"{temporary_prefix(target)}tmp")
+    with creating(path):
+        try:
+            temporary.write_text(text, encoding="utf-8")
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            raise
+    os.replace(temporary, target)
 
 
 def check_output(path: str | os.PathLike) -> None:

@@ -12,7 +12,7 @@ from onnxfuse.graph.names import node_label
 from onnxfuse.graph.traversal import owned_graphs
 from onnxfuse.language.rule import Rule
 from onnxfuse.rewrite.conditions import RuleMatcher
-from onnxfuse.rewrite.matcher import ModelContext
+from onnxfuse.rewrite.matcher import ModelContext, Rank
 from onnxfuse.targets.capabilities import Target
 
 
@@ -23,6 +23,7 @@ class Explanation:
     graph: str  # "" for the main graph
     matched: bool
     reason: str | None
+    rank: Rank | None = None  # how far the failed match got (None: it matched)
 
 
 def explain_rule(
@@ -47,6 +48,9 @@ def explain_rule(
                     graph="" if graph is model.graph else (graph.name or "<subgraph>"),
                     matched=match is not None,
                     reason=None if match is not None else str(matcher.mismatch),
+                    rank=None
+                    if match is not None or matcher.mismatch is None
+                    else matcher.mismatch.rank,
                 )
             )
     if node_name is not None and not results:
