@@ -104,7 +104,10 @@ def test_the_page_holds_the_rule_table_and_the_op_diff(sample_page):
     for op, count in data["ops_before"].items():
         after = data["ops_after"].get(op, 0)
         assert f"<td>{op}</td><td>{count}</td><td>{after}</td>" in text
-    assert 'id="coverage"' not in text  # the report has no coverage
+    # optimize's JSON report holds the target's coverage before and after
+    coverage = data["coverage"]
+    assert 'id="coverage"' in text and "Not run by <b>cpu</b>" in text
+    assert f"of {coverage['before']['nodes']} nodes before" in text
 
 
 @needs_dot
