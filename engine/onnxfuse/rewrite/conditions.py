@@ -25,6 +25,7 @@ from onnxfuse.rewrite.matcher import (
     StructureMemo,
 )
 from onnxfuse.rewrite.plan import plan_match
+from onnxfuse.rewrite.qdq_units import QDQ_OPS, unit_breaks
 from onnxfuse.targets.capabilities import Target
 from onnxfuse.targets.facts import value_facts
 
@@ -63,6 +64,12 @@ class Conditions:
         self.context = context
         self.target = target
         self._verdicts: dict[Hashable, list[str]] = {}  # the target's, by facts
+        self._knows_qdq = any(
+            node.domain == "" and node.op_type in QDQ_OPS
+            for source in rule.sources
+            for node in source.nodes
+        )
+        self._keeps_units = target is not None and target.keeps_qdq_units
 
     def accept(self, match: Match) -> Match | str:
         """``match`` with its lets bound, or why a condition refused it."""
@@ -81,6 +88,13 @@ class Conditions:
             except GuardUnknown as exc:
                 return f"let {let_name} cannot be computed: {exc}"
         match = dataclasses.replace(match, attrs=attrs)
+        broken = unit_breaks(match.nodes, self._knows_qdq, self._keeps_units)
+        if broken is not None:
+            whose = f"target '{self.target.name}' keeps" if self._keeps_units else "a rule"
+            return (
+                f"{broken.op_type} '{broken.name}' is part of a QDQ node unit "
+                f"({whose} units intact)" if self._keeps_units else " (a rule without Q or DQ in its source leaves units whole)"
+            )
         if self.target is not None:
             missing = self._unsupported(match)
             if missing:
