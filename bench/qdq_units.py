@@ -93,7 +93,11 @@ def output_steps(model: onnx.ModelProto) -> list[float]:
     steps = []
     for output in model.graph.output:
         node = producers.get(output.name)
-        scale = inits.get(node.input[1]) if node is not None and node.op_type == "DequantizeLinear" else None
+        scale = (
+            inits.get(node.input[1])
+            if node is not None and node.op_type == "DequantizeLinear"
+            else None
+        )
         steps.append(float(np.max(scale)) if scale is not None else float("nan"))
     return steps
 
@@ -151,6 +155,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("models", nargs="*", default=list(MODELS))
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args(argv)
+    ort.set_default_logger_severity(3)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
