@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +27,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    QuantFormat,
+    QuantType,
+    matmul_nbits_quantizer,
+    quantize_static,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,6 +46,9 @@ from onnxfuse.rewrite.qdq_units import is_unit_op  # noqa: E402
 from onnxfuse.targets.capabilities import load_target  # noqa: E402
 
 MODELS = ("resnet-small-legacy17", "mobilenet-relu6-legacy17", "efficientnet-small-legacy17")
+# Transformers whose MatMul weights are quantized to int4 (weight-only, QDQ form).
+INT4_MODELS = ("bert-nomask-dynamo20", "llama-gqa-dynamo20")
+INT4_FORMS = {"int4 symmetric": True, "int4 asymmetric": False}
 FORMS = {
     "S8S8 per-channel": dict(
         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True
@@ -65,6 +75,16 @@ class _Reader(CalibrationDataReader):
 
 
 def quantize(source: Path, feeds: dict[str, np.ndarray], form: str, out: Path) -> Path:
+    if form in INT4_FORMS:
+        config = matmul_nbits_quantizer.DefaultWeightOnlyQuantConfig(
+            block_size=32, is_symmetric=INT4_FORMS[form], quant_format=QuantFormat.QDQ
+        )
+        quantizer = matmul_nbits_quantizer.MatMulNBitsQuantizer(
+            onnx.load(source), algo_config=config
+        )
+        quantizer.process()
+        onnx.save(quantizer.model.model, out)
+        return out
     quantize_static(
         str(source), str(out), _Reader(feeds), quant_format=QuantFormat.QDQ, **FORMS[form]
     )
@@ -87,7 +107,8 @@ def ort_extended(path: Path, out: Path) -> Path:
 
 
 def output_steps(model: onnx.ModelProto) -> list[float]:
-    """The quantization step of each graph output: the scale of the DQ computing it."""
+    """The quantization step of each graph output: the scale of the DQ computing it (1 for
+    a float output, whose difference is then absolute)."""
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     producers = {o: n for n in model.graph.node for o in n.output}
     steps = []
@@ -98,7 +119,7 @@ def output_steps(model: onnx.ModelProto) -> list[float]:
             if node is not None and node.op_type == "DequantizeLinear"
             else None
         )
-        steps.append(float(np.max(scale)) if scale is not None else float("nan"))
+        steps.append(float(np.max(scale)) if scale is not None else 1.0)
     return steps
 
 
@@ -117,7 +138,7 @@ def unit_count(path: Path) -> int:
 def measure(name: str, form: str, work: Path) -> dict:
     export = export_by_name(name)
     feeds = export.feeds
-    stem = f"{name}-{form.split()[0]}"
+    stem = f"{name}-{form.replace(' ', '-')}"
     original = quantize(export.path, feeds, form, work / f"{stem}.onnx")
     model = onnx.load(original)
     steps = output_steps(model)
@@ -152,14 +173,15 @@ def measure(name: str, form: str, work: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("models", nargs="*", default=list(MODELS))
+    parser.add_argument("models", nargs="*", default=[*MODELS, *INT4_MODELS])
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args(argv)
     ort.set_default_logger_severity(3)
+    logging.getLogger().setLevel(logging.WARNING)  # the quantizers' per-node INFO lines
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            for form in FORMS:
+            for form in INT4_FORMS if name in INT4_MODELS else FORMS:
                 rows.append(measure(name, form, Path(tmp)))
     print(
         "| model | form | nodes | onnxfuse cpu | ORT_ENABLE_EXTENDED | onnxfuse cpu quantized ops "

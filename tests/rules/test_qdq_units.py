@@ -12,7 +12,13 @@ import onnx_ir as ir
 import pytest
 from helpers import make_model, optimize_proto, run, tensor_input
 from onnx import helper, numpy_helper
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    QuantFormat,
+    QuantType,
+    matmul_nbits_quantizer,
+    quantize_static,
+)
 
 from onnxfuse import api
 from onnxfuse.cli.main import main
@@ -244,3 +250,63 @@ def test_the_relu_of_a_unit_is_kept_for_nnapi():
         "Relu",
         "QuantizeLinear",
     ]
+
+
+# -- int4 weight-only MatMuls into MatMulNBits -------------------------------------------
+
+
+def int4_weight_only(symmetric: bool, k: int = 64, n: int = 96) -> onnx.ModelProto:
+    """Two MatMuls whose weights onnxruntime's quantizer makes int4 behind a blocked DQ."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(_weight(rng, k, n), "w1"),
+        numpy_helper.from_array(_weight(rng, n, k), "w2"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["a", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    model = make_model(
+        nodes, [tensor_input("a", [2, 3, k])], [tensor_input("y", [2, 3, k])], inits, opset=21
+    )
+    config = matmul_nbits_quantizer.DefaultWeightOnlyQuantConfig(
+        block_size=32, is_symmetric=symmetric, quant_format=QuantFormat.QDQ
+    )
+    quantizer = matmul_nbits_quantizer.MatMulNBitsQuantizer(model, algo_config=config)
+    quantizer.process()
+    return quantizer.model.model
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int4_weights_stay_4_bit_packed_once_into_matmul_nbits(symmetric):
+    model = int4_weight_only(symmetric)
+    assert {i.data_type for i in model.graph.initializer} >= {
+        onnx.TensorProto.INT4 if symmetric else onnx.TensorProto.UINT4
+    }
+    result = optimized(model, "cpu")
+    assert counts(result) == {"MatMulNBits": 2, "Relu": 1}
+    packed = {i.name: i for i in result.graph.initializer}
+    for node in result.graph.node:
+        if node.op_type == "MatMulNBits":
+            attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            n, blocks = attributes["N"], -(-attributes["K"] // 32)
+            weight = packed[node.input[1]]
+            assert weight.data_type == onnx.TensorProto.UINT8
+            assert list(weight.dims) == [n, blocks, 16]
+            assert (len(node.input) == 4) != symmetric  # zero points only where the DQ had them
+    floats = [i for i in result.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
+    assert sum(np.prod(i.dims) for i in floats) == 96 * 2 + 64 * 3  # the scales, no weight
+    weights = [sum(i.ByteSize() for i in m.graph.initializer) for m in (model, result)]
+    assert weights[1] <= 1.05 * weights[0]
+    feeds = {"a": np.random.default_rng(3).standard_normal((2, 3, 64)).astype(np.float32)}
+    np.testing.assert_allclose(run(result, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_dq_with_another_use_is_not_fused_into_matmul_nbits():
+    model = int4_weight_only(True)
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear")
+    weight = helper.make_tensor_value_info(dq.output[0], onnx.TensorProto.FLOAT, [64, 96])
+    model.graph.output.append(weight)
+    result = optimized(model, "cpu")
+    assert counts(result)["MatMulNBits"] == 1 and counts(result)["DequantizeLinear"] == 1

@@ -22,7 +22,7 @@ from onnxfuse.ops import element_types, schemas
 from onnxfuse.proof.expr import Expr, ExprError, parse_expr
 
 # The element types an instance may be drawn in (ONNX's names, as everywhere).
-DTYPES = (*element_types.FLOATS, *element_types.INTEGERS, "bool")
+DTYPES = (*element_types.FLOATS, *element_types.INTEGERS, *element_types.PACKED_INTEGERS, "bool")
 FLOAT_DTYPES = frozenset(element_types.FLOATS)
 SPECIAL_KINDS = ("nan", "inf", "neg_zero", "subnormal", "large")
 
