@@ -26,10 +26,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from helpers import optimize_proto  # noqa: E402
+from helpers import optimize_proto
 
-from onnxfuse import api  # noqa: E402
-from onnxfuse.targets.capabilities import load_target  # noqa: E402
+from onnxfuse import api
+from onnxfuse.targets.capabilities import load_target
 
 Weights = dict[int, Callable[[np.random.Generator], np.ndarray]]
 

@@ -38,12 +38,11 @@ from onnxruntime.quantization import (
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.exports.export import export_by_name  # noqa: E402
-
 from onnxfuse.api import optimize_file, select_rules  # noqa: E402
 from onnxfuse.passes.pipeline import Options  # noqa: E402
 from onnxfuse.rewrite.qdq_units import is_unit_op  # noqa: E402
 from onnxfuse.targets.capabilities import load_target  # noqa: E402
+from tests.exports.export import export_by_name  # noqa: E402
 
 MODELS = ("resnet-small-legacy17", "mobilenet-relu6-legacy17", "efficientnet-small-legacy17")
 # Transformers whose MatMul weights are quantized to int4 (weight-only, QDQ form).

@@ -277,7 +277,9 @@ def test_compare_nan_inf_and_tolerances():
 
 def test_integer_outputs_may_move_by_the_steps_a_tolerance_allows():
     tol = parse_domain(
-        rule_with("    verify: {dtypes: [float], inputs: {X: [2]}, tolerance: {steps: 1, reason: why}}")
+        rule_with(
+            "    verify: {dtypes: [float], inputs: {X: [2]}, tolerance: {steps: 1, reason: why}}"
+        )
     ).tolerance
     q = np.array([0, 127, 255], np.uint8)
     assert compare([q], [np.array([1, 126, 255], np.uint8)], ["y"], tol) is None

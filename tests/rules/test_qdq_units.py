@@ -146,15 +146,27 @@ def test_targets_show_prints_the_quantization_mode(capsys):
 # -- cpu: node units into quantized ops ------------------------------------------------
 
 
-@pytest.mark.parametrize("form", list(FORMS))
-def test_cpu_fuses_conv_gemm_and_matmul_units_without_moving_the_output(form, tmp_path):
+@pytest.mark.parametrize(
+    ("form", "target"),
+    [("u8s8-per-tensor", "cpu"), ("s8s8-per-channel", "cpu:int8=on")],
+)
+def test_cpu_fuses_conv_gemm_and_matmul_units_without_moving_the_output(form, target, tmp_path):
     model = quantized(small_cnn(), form, tmp_path)
-    result = optimized(model, "cpu")
+    result = optimized(model, target)
     ops = counts(result)
     assert ops["QLinearConv"] == 2 and ops["QGemm"] == 1 and ops["QLinearMatMul"] == 1
-    assert ops["Conv"] == ops["Gemm"] == ops["MatMul"] == 0
+    assert ops["QLinearAdd"] == 1 and ops["QLinearGlobalAveragePool"] == 1
+    assert ops["Conv"] == ops["Gemm"] == ops["MatMul"] == ops["Add"] == 0
     assert steps(model, result) <= 1
     assert result.ByteSize() <= 1.05 * model.ByteSize()
+
+
+def test_int8_activation_convs_and_matmuls_stay_units_for_plain_cpu(tmp_path):
+    """onnxruntime fuses them on Arm only: its x86 int8 kernels are slower than the unit."""
+    result = optimized(quantized(small_cnn(), "s8s8-per-channel", tmp_path), "cpu")
+    ops = counts(result)
+    assert ops["Conv"] == 2 and ops["MatMul"] == 1 and ops["QLinearConv"] == 0
+    assert ops["QGemm"] == 1 and ops["QLinearAdd"] == 1  # no such condition there
 
 
 def test_a_dequantized_matmul_with_a_float_output_becomes_matmul_integer_to_float():
@@ -310,3 +322,30 @@ def test_a_weight_dq_with_another_use_is_not_fused_into_matmul_nbits():
     model.graph.output.append(weight)
     result = optimized(model, "cpu")
     assert counts(result)["MatMulNBits"] == 1 and counts(result)["DequantizeLinear"] == 1
+
+
+@pytest.mark.parametrize("target", ["qnn", "dml"])
+def test_a_weight_only_dq_stays_for_providers_that_consume_units(target):
+    """qnn and dml list MatMulNBits, but read a weight's DQ before a MatMul themselves."""
+    model = int4_weight_only(False)
+    assert counts(optimized(model, target)) == counts(model)
+
+
+def _reasons(model: onnx.ModelProto, rule_name: str, target_name: str) -> str:
+    target = load_target(target_name)
+    rule = next(r for r in api.select_rules(target=target) if r.name == rule_name)
+    return " ".join(str(e.reason) for e in api.explain(ir.from_proto(model), rule, target=target))
+
+
+def test_explain_names_the_unit_a_float_fusion_would_break():
+    reasons = _reasons(_conv_relu_unit(), "fused-conv-relu", "cpu")
+    assert "is part of a QDQ node unit (a rule without Q or DQ in its source leaves" in reasons
+
+
+def test_explain_names_the_target_that_keeps_units():
+    model = _conv_relu_unit()
+    relu = next(n for n in model.graph.node if n.op_type == "Relu")
+    model.graph.node.remove(relu)
+    next(n for n in model.graph.node if n.op_type == "Conv").output[0] = "r"
+    assert "(target 'nnapi' consumes QDQ units itself)" in _reasons(model, "qdq-conv", "nnapi")
+    assert counts(optimized(model, "cpu"))["QLinearConv"] == 1

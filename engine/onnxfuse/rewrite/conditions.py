@@ -90,11 +90,12 @@ class Conditions:
         match = dataclasses.replace(match, attrs=attrs)
         broken = unit_breaks(match.nodes, self._knows_qdq, self._keeps_units)
         if broken is not None:
-            whose = f"target '{self.target.name}' keeps" if self._keeps_units else "a rule"
-            return (
-                f"{broken.op_type} '{broken.name}' is part of a QDQ node unit "
-                f"({whose} units intact)" if self._keeps_units else " (a rule without Q or DQ in its source leaves units whole)"
+            why = (
+                f"target '{self.target.name}' consumes QDQ units itself"
+                if self.target is not None and self._keeps_units
+                else "a rule without Q or DQ in its source leaves units whole"
             )
+            return f"{broken.op_type} '{broken.name}' is part of a QDQ node unit ({why})"
         if self.target is not None:
             missing = self._unsupported(match)
             if missing:

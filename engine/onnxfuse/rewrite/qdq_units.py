@@ -10,7 +10,8 @@ conditions of a rewrite check both (``unit_breaks``):
   rewrite the float op of a unit: it would take the unit apart (a FusedConv from a
   unit's Conv and Relu leaves its DQs and Q around a float kernel);
 - for a target whose capability file says ``quantization: qdq_units`` no rewrite may
-  touch a unit at all, its DQs and Qs included.
+  touch a unit at all, its DQs and Qs included, nor any other Q or DQ (a weight's DQ
+  before a float MatMul is a unit of its own for those providers).
 
 The unit is onnxruntime's (``NodeUnit``, ``GetQDQSelection``): the op has an input
 computed by a DequantizeLinear, and every use of its outputs is a QuantizeLinear,
@@ -87,7 +88,7 @@ def unit_breaks(nodes: Iterable[ir.Node], knows_qdq: bool, keep_units: bool) -> 
     ``keep_units``: the target consumes units itself, so none may change."""
     for node in nodes:
         if keep_units:
-            if in_unit(node):
+            if _is(node, QDQ_OPS) or in_unit(node):
                 return node
         elif not knows_qdq and (is_unit_op(node) or _between_of_unit(node)):
             return node

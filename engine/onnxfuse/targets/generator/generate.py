@@ -186,8 +186,7 @@ def all_targets(sources: Path = SOURCES) -> list[dict[str, Any]]:
     targets = [cpu, onnx_target()]
     targets.extend(provider_target(p, sources) for p in PROVIDERS)
     return [
-        with_quantization(with_preferred_layout(with_function_ops(t, cpu_kernels)))
-        for t in targets
+        with_quantization(with_preferred_layout(with_function_ops(t, cpu_kernels))) for t in targets
     ]
 
 
