@@ -22,9 +22,11 @@ from onnxruntime.quantization import (
 
 from onnxfuse import api
 from onnxfuse.cli.main import main
+from onnxfuse.errors import OnnxfuseError
 from onnxfuse.language.yaml_lines import load_yaml
 from onnxfuse.rewrite.qdq_units import is_unit_op
 from onnxfuse.targets.capabilities import TargetError, load_target, parse_target
+from onnxfuse.targets.params import parse_params
 
 UNIT_CONSUMERS = ["qnn", "nnapi", "coreml", "webnn", "tensorrt", "dml"]
 FORMS = {
@@ -349,3 +351,14 @@ def test_explain_names_the_target_that_keeps_units():
     next(n for n in model.graph.node if n.op_type == "Conv").output[0] = "r"
     assert "(target 'nnapi' consumes QDQ units itself)" in _reasons(model, "qdq-conv", "nnapi")
     assert counts(optimized(model, "cpu"))["QLinearConv"] == 1
+
+
+def test_the_int8_parameter_reads_on_off_and_auto(monkeypatch):
+    assert load_target("cpu:int8=on").params == {"int8": True}
+    assert load_target("cpu:int8=off").params == {}
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    assert parse_params("cpu", "int8=auto") == {"int8": True}
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    assert parse_params("cpu", "int8=auto") == {}
+    with pytest.raises(OnnxfuseError, match="int8='yes': expected on, off or auto"):
+        parse_params("cpu", "int8=yes")
