@@ -275,6 +275,21 @@ def test_compare_nan_inf_and_tolerances():
     assert compare([ints], [ints + np.array([0, 1], np.int32)], ["y"], tol) is not None
 
 
+def test_integer_outputs_may_move_by_the_steps_a_tolerance_allows():
+    tol = parse_domain(
+        rule_with(
+            "    verify: {dtypes: [float], inputs: {X: [2]}, tolerance: {steps: 1, reason: why}}"
+        )
+    ).tolerance
+    q = np.array([0, 127, 255], np.uint8)
+    assert compare([q], [np.array([1, 126, 255], np.uint8)], ["y"], tol) is None
+    mismatch = compare([q], [np.array([2, 127, 255], np.uint8)], ["y"], tol)
+    assert mismatch is not None and "max difference 2 steps" in mismatch.message
+    assert tol("float") == DEFAULT_TOLERANCES["float"]
+    bad = "    verify: {dtypes: [float], inputs: {X: [2]}, tolerance: {steps: -1, reason: why}}"
+    assert "tolerance.steps" in domain_error(bad)
+
+
 # -- catching wrong rules ---------------------------------------------------------------
 
 # onnxscript's BatchNormalization-into-Gemm rule ignored Gemm's beta. This one does too.

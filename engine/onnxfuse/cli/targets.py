@@ -99,6 +99,8 @@ def _run_show(args: argparse.Namespace) -> int:
     print(f"source: {target.source}")
     for note in target.notes:
         print(f"note: {note}")
+    if target.keeps_qdq_units:
+        print("quantization: qdq_units (consumes QDQ node units itself: every unit is kept intact)")
     for line in describe_parameters(target.name):
         print(f"parameter: {line}")
     if target.params:

@@ -55,6 +55,8 @@ INTEGERS: tuple[str, ...] = (
     "uint32",
     "uint64",
 )
+# 4-bit integers (quantized weights): NumPy holds them in ml_dtypes' int4 and uint4.
+PACKED_INTEGERS: tuple[str, ...] = ("int4", "uint4")
 
 # Other spellings a suggestion maps straight to ONNX's: NumPy's (and C's) names.
 ALIASES: dict[str, str] = {
@@ -142,6 +144,7 @@ __all__ = [
     "FLOATS",
     "INTEGERS",
     "NAMES",
+    "PACKED_INTEGERS",
     "from_numpy",
     "from_onnx",
     "is_name",

@@ -22,7 +22,7 @@ from onnxfuse.ops import element_types, schemas
 from onnxfuse.proof.expr import Expr, ExprError, parse_expr
 
 # The element types an instance may be drawn in (ONNX's names, as everywhere).
-DTYPES = (*element_types.FLOATS, *element_types.INTEGERS, "bool")
+DTYPES = (*element_types.FLOATS, *element_types.INTEGERS, *element_types.PACKED_INTEGERS, "bool")
 FLOAT_DTYPES = frozenset(element_types.FLOATS)
 SPECIAL_KINDS = ("nan", "inf", "neg_zero", "subnormal", "large")
 
@@ -168,11 +168,17 @@ class Domain:
     special_reason: str = ""
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
     tolerance_reason: str = ""
+    # Integer outputs (quantized values) may differ by this many quantization steps.
+    steps: int = 0
     negatives: list[Negative] = field(default_factory=list)
     target_params: dict[str, Any] = field(default_factory=dict)
     target: str | None = None
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
+        """(rtol, atol) for outputs of this element type; an integer type's atol is the
+        number of quantization steps its values may move."""
+        if dtype in element_types.INTEGERS:
+            return 0.0, float(self.steps)
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0)))
 
 
@@ -463,20 +469,26 @@ def _tolerance(domain: Domain, raw: Any) -> None:
     if raw is None:
         return
     if not isinstance(raw, dict):
-        raise VerifyError("tolerance: {rtol, atol, reason} or {<dtype>: {rtol, atol}, reason}")
+        raise VerifyError(
+            "tolerance: {rtol, atol, reason}, {<dtype>: {rtol, atol}, reason} or {steps, reason}"
+        )
     reason = str(raw.get("reason", "")).strip()
     if not reason:
         raise VerifyError("tolerance: a tolerance override needs a 'reason'")
     domain.tolerance_reason = reason
     overall = {k: raw[k] for k in ("rtol", "atol") if k in raw}
+    steps = raw.get("steps", 0)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise VerifyError("tolerance.steps: a count of quantization steps (0, 1, ...)")
+    domain.steps = steps
     for key, value in raw.items():
-        if key in ("rtol", "atol", "reason"):
+        if key in ("rtol", "atol", "reason", "steps"):
             continue
         if key not in DEFAULT_TOLERANCES:
             if not element_types.is_name(key) and element_types.suggest(key) is not None:
                 raise VerifyError(f"tolerance: {element_types.unknown(key)}")
             raise VerifyError(
-                f"tolerance: unknown key '{key}' (rtol, atol, reason, or a float type: "
+                f"tolerance: unknown key '{key}' (rtol, atol, steps, reason, or a float type: "
                 f"{', '.join(DEFAULT_TOLERANCES)})"
             )
         if not isinstance(value, dict) or not set(value) <= {"rtol", "atol"}:

@@ -512,6 +512,14 @@ def pick_helper_op(rule: Rule, dtype: str) -> str:
 # -- values ------------------------------------------------------------------------
 
 
+def _integer_info(dtype: str) -> Any:
+    """The limits of an integer type (ml_dtypes' for the 4-bit ones), None for others."""
+    if dtype in element_types.PACKED_INTEGERS:
+        return ml_dtypes.iinfo(NUMPY_DTYPES[dtype])
+    target = NUMPY_DTYPES[dtype]
+    return np.iinfo(target) if target.kind in "iu" else None
+
+
 def to_array(value: Any, dtype: str) -> np.ndarray:
     """A value as an array of ``dtype``; integer types saturate, NaN becomes 0."""
     target = NUMPY_DTYPES[dtype]
@@ -520,8 +528,8 @@ def to_array(value: Any, dtype: str) -> np.ndarray:
         raise DomainError(f"value {value!r} is not a rectangular list of numbers")
     if dtype == "bool":
         return array.astype(np.bool_)
-    if target.kind in "iu":
-        info = np.iinfo(target)
+    info = _integer_info(dtype)
+    if info is not None:
         as_float = np.round(np.nan_to_num(array.astype(np.float64), nan=0.0))
         high, low = as_float >= float(info.max), as_float <= float(info.min)
         middle = np.where(high | low, 0.0, as_float).astype(target)
@@ -542,9 +550,9 @@ def random_array(
     target = NUMPY_DTYPES[dtype]
     if dtype == "bool":
         return np.asarray(rng.random(dims) < 0.5)
-    if target.kind in "iu":
-        info = np.iinfo(target)
-        low, high = (-5, 5) if target.kind == "i" else (0, 10)
+    info = _integer_info(dtype)
+    if info is not None:
+        low, high = (-5, 5) if int(info.min) < 0 else (0, 10)
         if value_range is not None:
             low, high = math.ceil(value_range[0]), math.floor(value_range[1])
         array = rng.integers(max(low, info.min), min(high, info.max) + 1, size=dims)

@@ -207,7 +207,9 @@ def compare(
             return Mismatch(f"output '{name}': shape {list(a.shape)} instead of {list(e.shape)}")
         dtype_name = element_types.from_numpy(e.dtype) or str(e.dtype)
         rtol, atol = tolerance(dtype_name)
-        if e.dtype.kind not in "fc" and dtype_name != "bfloat16":
+        if e.dtype.kind in "iu":  # atol: quantization steps
+            bad = np.abs(e.astype(np.int64) - a.astype(np.int64)) > atol
+        elif e.dtype.kind not in "fc" and dtype_name != "bfloat16":
             bad = e != a
         else:
             e64, a64 = e.astype(np.float64), a.astype(np.float64)
@@ -227,6 +229,9 @@ def compare(
                     worst = float(np.max(np.abs(a64[finite] - e64[finite])))
                     detail = f"; max abs difference {worst:.6g}"
                 detail += f" (rtol {rtol:g}, atol {atol:g})"
+            elif e.dtype.kind in "iu":
+                worst = int(np.max(np.abs(e.astype(np.int64) - a.astype(np.int64))))
+                detail = f"; max difference {worst} steps (allowed {atol:g})"
             return Mismatch(
                 f"output '{name}': {count} of {e.size} elements differ{detail}; first at "
                 f"{list(index)}: source {e[index]!r}, rewritten {a[index]!r}"

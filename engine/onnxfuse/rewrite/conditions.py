@@ -26,6 +26,7 @@ from onnxfuse.rewrite.matcher import (
     StructureMemo,
 )
 from onnxfuse.rewrite.plan import plan_match
+from onnxfuse.rewrite.qdq_units import QDQ_OPS, unit_breaks
 from onnxfuse.targets.capabilities import Target
 from onnxfuse.targets.facts import value_facts
 
@@ -73,6 +74,12 @@ class Conditions:
         self.context = context
         self.target = target
         self._verdicts: dict[Hashable, list[str]] = {}  # the target's, by facts
+        self._knows_qdq = any(
+            node.domain == "" and node.op_type in QDQ_OPS
+            for source in rule.sources
+            for node in source.nodes
+        )
+        self._keeps_units = target is not None and target.keeps_qdq_units
 
     def accept(self, match: Match) -> Match | Refusal:
         """``match`` with its lets bound, or why a condition refused it."""
@@ -92,6 +99,14 @@ class Conditions:
             except GuardUnknown as exc:
                 return Refusal(f"let {let_name} cannot be computed: {exc}")
         match = dataclasses.replace(match, attrs=attrs)
+        broken = unit_breaks(match.nodes, self._knows_qdq, self._keeps_units)
+        if broken is not None:
+            why = (
+                f"target '{self.target.name}' consumes QDQ units itself"
+                if self.target is not None and self._keeps_units
+                else "a rule without Q or DQ in its source leaves units whole"
+            )
+            return f"{broken.op_type} '{broken.name}' is part of a QDQ node unit ({why})"
         if self.target is not None:
             missing = self._unsupported(match)
             if missing:

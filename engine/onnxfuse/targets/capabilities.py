@@ -45,9 +45,14 @@ FILE_KEYS = {
     "notes": "provider-wide notes, in the source's words",
     "all_ops_of": "domains whose every standard op is supported",
     "preferred_layout": "NCHW or NHWC: the layout the provider runs convolutions in",
+    "quantization": "qdq_units: the provider consumes QDQ node units itself (kept intact)",
     "ops": "the supported ops",
 }
 LAYOUTS = ("NCHW", "NHWC")
+# How a provider takes quantized models. `qlinear` (the default): rules may fuse QDQ node
+# units into the quantized ops it lists. `qdq_units`: it reads DQ -> op -> Q groups itself
+# (QNN, NNAPI, CoreML, ...), so no rewrite may break one.
+QUANTIZATION_MODES = ("qlinear", "qdq_units")
 OP_KEYS = {"domain", "op", "since", "until", "types", "limits", "signature", "notes"}
 LIMIT_KEYS = {
     "max_rank": "largest rank of any input or output",
@@ -182,6 +187,12 @@ class Target:
     params: dict[str, Any] = field(default_factory=dict)
     # From the file's preferred_layout; NHWC makes ``layout=nhwc`` a default parameter.
     preferred_layout: str = "NCHW"
+    quantization: str = QUANTIZATION_MODES[0]
+
+    @property
+    def keeps_qdq_units(self) -> bool:
+        """The provider consumes QDQ node units itself: every unit stays intact."""
+        return self.quantization == "qdq_units"
 
     @property
     def spec(self) -> str:
@@ -388,6 +399,13 @@ def parse_target(data: Any, path: Path) -> Target:
             path,
             data.line_of("preferred_layout"),
         )
+    quantization = data.get("quantization", QUANTIZATION_MODES[0])
+    if quantization not in QUANTIZATION_MODES:
+        raise TargetError(
+            f"'quantization' must be one of {', '.join(QUANTIZATION_MODES)}, got {quantization!r}",
+            path,
+            data.line_of("quantization"),
+        )
     return Target(
         name=name,
         description=str(data.get("description", "")),
@@ -399,6 +417,7 @@ def parse_target(data: Any, path: Path) -> Target:
         path=path,
         params={"layout": "nhwc"} if layout == "NHWC" else {},
         preferred_layout=layout,
+        quantization=quantization,
     )
 
 

@@ -1,10 +1,12 @@
 """Target parameters: ``name:key=value,key=value`` on the command line.
 
 A parameter states something about the machine a model is optimized for that
-the capability file cannot know. The one defined so far is the CPU target's
-NCHWc block size (``cpu:block=8``): onnxruntime's blocked-layout kernels are
-laid out for the SIMD width of the machine, so a model rewritten into them only
-runs correctly where that block size holds. Plain ``cpu`` stays portable.
+the capability file cannot know. The CPU target's NCHWc block size
+(``cpu:block=8``): onnxruntime's blocked-layout kernels are laid out for the SIMD
+width of the machine, so a model rewritten into them only runs correctly where that
+block size holds. The CPU target's ``int8=on``: int8-activation QDQ units become
+QLinearConv and QLinearMatMul, fast on Arm, slower than the unfused units on x86.
+Plain ``cpu`` stays portable.
 Every target takes ``layout=nhwc|nchw`` (``cuda:layout=nhwc``): the tensor
 layout its convolutions should run in; a capability file's ``preferred_layout``
 is its default.
@@ -15,6 +17,7 @@ a rule that reads a parameter the target lacks does not fire).
 
 from __future__ import annotations
 
+import platform
 import re
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +38,14 @@ def _block(text: str) -> int | None:
     if text in ("8", "16"):
         return int(text)
     raise ValueError("8, 16 or auto")
+
+
+def _int8(text: str) -> bool | None:
+    if text == "auto":
+        return True if platform.machine().lower() in ("aarch64", "arm64") else None
+    if text in ("on", "off"):
+        return True if text == "on" else None
+    raise ValueError("on, off or auto")
 
 
 def _layout(text: str) -> str:
@@ -60,6 +71,12 @@ PARAMETERS: dict[str, dict[str, tuple[Callable[[str], Any], str]]] = {
             _block,
             "NCHWc block size: 8 (AVX/AVX2), 16 (AVX-512F) or auto (this machine's "
             "CPU; off where it has no AVX or is not Linux); enables the nchwc pack",
+        ),
+        "int8": (
+            _int8,
+            "on, off (default) or auto (on for Arm): fuse QDQ Conv and MatMul units with "
+            "int8 activations, as onnxruntime does on Arm only (its x86 int8 kernels run "
+            "slower than the unfused units)",
         ),
     },
 }

@@ -166,12 +166,28 @@ def with_preferred_layout(target: dict[str, Any]) -> dict[str, Any]:
     return dict([*items[:at], ("preferred_layout", "NHWC"), *items[at:]])
 
 
+# Providers that consume QDQ node units themselves (their builders read DQ -> op -> Q
+# groups, targets/sources/PROVENANCE.md): no rule may fuse or break a unit for them.
+QDQ_UNIT_CONSUMERS = ("qnn", "nnapi", "coreml", "webnn", "tensorrt", "dml")
+
+
+def with_quantization(target: dict[str, Any]) -> dict[str, Any]:
+    """The target with `quantization: qdq_units` after its source keys, where it says so."""
+    if target["name"] not in QDQ_UNIT_CONSUMERS:
+        return target
+    at = list(target).index("generated_by")
+    items = list(target.items())
+    return dict([*items[:at], ("quantization", "qdq_units"), *items[at:]])
+
+
 def all_targets(sources: Path = SOURCES) -> list[dict[str, Any]]:
     cpu = cpu_target()
     cpu_kernels = as_target(cpu)
     targets = [cpu, onnx_target()]
     targets.extend(provider_target(p, sources) for p in PROVIDERS)
-    return [with_preferred_layout(with_function_ops(t, cpu_kernels)) for t in targets]
+    return [
+        with_quantization(with_preferred_layout(with_function_ops(t, cpu_kernels))) for t in targets
+    ]
 
 
 def as_target(target: dict[str, Any]) -> Target:
