@@ -106,7 +106,10 @@ class Conditions:
                 if self.target is not None and self._keeps_units
                 else "a rule without Q or DQ in its source leaves units whole"
             )
-            return f"{broken.op_type} '{broken.name}' is part of a QDQ node unit ({why})"
+            return Refusal(
+                f"{broken.op_type} '{broken.name}' is part of a QDQ node unit ({why})",
+                blocks=self._keeps_units,
+            )
         if self.target is not None:
             missing = self._unsupported(match)
             if missing:
