@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 from helpers import relu_relu_rule, rules_from_text
 from hypothesis import given
@@ -390,6 +391,25 @@ rules:
     assert report.failure is not None
     assert report.failure.kind == "fired-on-negative"
     assert report.failure.expect == "no-fire"
+
+
+def test_a_failing_negative_case_prints_the_instance_it_ran_and_saved():
+    # The negative case changes the element type: the instance shown is the int8 one
+    # its saved model holds, not the float instance it was derived from.
+    rule = rule_with(
+        """    verify:
+      opsets: [17]
+      dtypes: [float]
+      inputs: {X: [3]}
+      negatives:
+        - {dtype: int8, reason: wrong since Relu runs int8 too}"""
+    )
+    report = check_rule(rule, examples=5, shrink_seconds=2)
+    failure = report.failure
+    assert failure is not None and failure.kind == "fired-on-negative", report.summary()
+    assert failure.instance.startswith("opset 17; dtype int8"), failure.instance
+    assert "X: input int8[3]" in failure.instance and "float" not in failure.instance
+    assert failure.model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
 
 
 def test_a_domain_that_never_fires_fails_coverage():

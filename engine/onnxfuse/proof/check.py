@@ -347,6 +347,7 @@ def _check_mutation(
     report: RuleReport,
 ) -> None:
     rule = instance.rule
+    shown = mutation.instance(instance)  # what a failure prints: the model it saves
     try:
         model = build_model(
             mutation.spec, check=not mutation.must_not_fire, fallback_dtype=instance.dtype
@@ -362,7 +363,7 @@ def _check_mutation(
                 rule.name,
                 "invalid-result",
                 str(exc),
-                instance.describe(),
+                shown.describe(),
                 model,
                 mutation=mutation.description,
             )
@@ -373,7 +374,7 @@ def _check_mutation(
                 rule.name,
                 "engine-error",
                 f"{type(exc).__name__}: {first_line(exc)}",
-                instance.describe(),
+                shown.describe(),
                 model,
                 mutation=mutation.description,
             )
@@ -385,7 +386,7 @@ def _check_mutation(
                     rule.name,
                     "fired-on-negative",
                     f"the rule fired on a negative case ({mutation.kind}) where it must not",
-                    instance.describe(),
+                    shown.describe(),
                     model,
                     expect="no-fire",
                     mutation=mutation.description,
@@ -399,7 +400,7 @@ def _check_mutation(
                     rule.name,
                     "fired-on-negative",
                     "the rule did not fire, but the node count changed",
-                    instance.describe(),
+                    shown.describe(),
                     model,
                     expect="no-fire",
                     mutation=mutation.description,
@@ -422,7 +423,7 @@ def _check_mutation(
     except RuntimeFailure as exc:
         report.skipped[f"{mutation.kind}: {exc}"] += 1
         return
-    _compare_runs(instance, domain, runner, model, result, feeds, expected, mutation.description)
+    _compare_runs(shown, domain, runner, model, result, feeds, expected, mutation.description)
     report.boundary_exact[mutation.kind] += 1
 
 

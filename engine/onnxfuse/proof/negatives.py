@@ -19,7 +19,7 @@ May fire, but then must still be exact (the domain's boundary: guards decide):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,11 @@ class Mutation:
     description: str
     spec: InstanceSpec
     must_not_fire: bool
+    dtype: str | None = None  # the instance's element type, where the case changes it
+
+    def instance(self, base: Instance) -> Instance:
+        """The instance this case runs (and a failure saves): ``base`` with its spec."""
+        return replace(base, spec=self.spec, dtype=self.dtype or base.dtype)
 
 
 def derive(
@@ -328,6 +333,7 @@ def _declared(instance: Instance, negative: Negative) -> Mutation | None:
                 tensor.kind = "input"
     elif negative.dtype is not None:
         _change_dtype(spec, instance.dtype, negative.dtype)
+        return Mutation("declared", negative.description, spec, True, negative.dtype)
     return Mutation("declared", negative.description, spec, True)
 
 
@@ -346,7 +352,9 @@ def _boundary(instance: Instance, rng: np.random.Generator) -> list[Mutation]:
     new = others[int(rng.integers(len(others)))]
     spec = instance.spec.copy()
     _change_dtype(spec, instance.dtype, new)
-    found.append(Mutation("dtype", f"element type {new} instead of {instance.dtype}", spec, False))
+    found.append(
+        Mutation("dtype", f"element type {new} instead of {instance.dtype}", spec, False, new)
+    )
     constants = [
         name
         for name, tensor in instance.spec.tensors.items()
