@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxfuse
 from onnxfuse.cli.main import main
+from onnxfuse.errors import InvariantError
 
 MUL_ONE = """
 rules:
@@ -222,3 +223,67 @@ rules:
     assert [n.op_type for n in result.graph.node] == ["Add", "Neg"]
     stats = report.rules["add-as-cast"]
     assert stats.blocked_reason == "changes the type of 'y' from int64 to float"
+
+
+# Its mistake shows only once the created Constant folds: Reshape to [-1] is rank 1.
+FLATTEN_AS_RESHAPE = """
+rules:
+  - name: my-flatten-reshape
+    source: |
+      f (X) => (Y) {
+        Y = Flatten(X)
+      }
+    replacement: |
+      f (X) => (Y) {
+        s = Constant<value_ints = [-1]>()
+        Y = Reshape(X, s)
+      }
+"""
+
+
+def _flatten_then_relus() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Flatten", ["x"], ["y"], name="flatten"),
+        helper.make_node("Relu", ["y"], ["r"], name="relu1"),
+        helper.make_node("Relu", ["r"], ["z"], name="relu2"),
+    ]
+    return make_model(nodes, [tensor_input("x", [2, 3, 4])], [tensor_input("z", [2, 12])])
+
+
+def test_a_rule_whose_result_fails_the_checker_is_left_out_and_the_run_redone(tmp_path: Path):
+    flatten, relu = tmp_path / "flatten.yaml", tmp_path / "relu.yaml"
+    flatten.write_text(FLATTEN_AS_RESHAPE)
+    relu.write_text(relu_relu_rule("relu-relu"))
+    model = _flatten_then_relus()
+    result, report = onnxfuse.optimize(
+        model, target=None, rules=[flatten, relu], builtin=False, return_report=True
+    )
+    onnx.checker.check_model(result, full_check=True)
+    assert [n.op_type for n in result.graph.node] == ["Flatten", "Relu"]
+    assert_same_outputs(model, result)
+    stats = report.rules["my-flatten-reshape"]
+    assert stats.applied == 0 and stats.blocked == 1
+    assert stats.blocked_reason is not None
+    assert stats.blocked_reason.startswith("left out of the run: with its rewrites the optimized")
+    assert "differ in rank" in stats.blocked_reason
+    assert report.rules["relu-relu"].applied == 1
+
+
+def test_the_command_line_names_the_rule_left_out_and_exits_0(tmp_path: Path, capsys):
+    source, output, rules = tmp_path / "m.onnx", tmp_path / "out.onnx", tmp_path / "r.yaml"
+    onnx.save(_flatten_then_relus(), source)
+    rules.write_text(FLATTEN_AS_RESHAPE)
+    code = main(["optimize", str(source), "-o", str(output), "--rules", str(rules)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "internal error" not in captured.err
+    onnx.checker.check_model(onnx.load(output), full_check=True)
+    assert "blocked: my-flatten-reshape (1x): left out of the run: " in captured.out
+
+
+def test_an_ir_model_optimized_in_place_names_the_rule_its_checker_failure_is_in():
+    model = ir.from_proto(_flatten_then_relus())
+    with pytest.raises(InvariantError, match="rule my-flatten-reshape created nodes the ONNX"):
+        onnxfuse.optimize(
+            model, target=None, rules=rules_from_text(FLATTEN_AS_RESHAPE), builtin=False
+        )

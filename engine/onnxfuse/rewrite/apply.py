@@ -21,6 +21,12 @@ class Blocked(Exception):
     """The match is valid but rewriting it here would break an invariant."""
 
 
+class IllTyped(Blocked):
+    """The rewrite would give a replaced value another type or shape, or create a node
+    onnx finds ill-typed: the rule's own mistake (a missing rank guard), wherever the
+    graph lets it fire."""
+
+
 def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[ir.Node]:
     """Rewrite the matched nodes into the rule's replacement; return the new nodes, their
     outputs typed where they replace typed values or their static type is inferred
@@ -123,14 +129,14 @@ def _check_types(
                 continue
             error = infer_node(node, context.opset(node.domain))
             if error is not None:
-                raise Blocked(f"the {node.op_type} it creates does not type-check: {error}")
+                raise IllTyped(f"the {node.op_type} it creates does not type-check: {error}")
         for old, pvalue in zip(match.outputs, match.rule.replacement.outputs):
             new = env[pvalue.name]
             if pvalue.kind == "input" or new is None:
                 continue  # passed through: _check_outputs compared it
             change = _value_change(old, new)
             if change is not None:
-                raise Blocked(f"changes the {change[0]} of '{old.name}' {change[1]}")
+                raise IllTyped(f"changes the {change[0]} of '{old.name}' {change[1]}")
     finally:
         for node in created:
             for output in node.outputs:
@@ -293,7 +299,7 @@ def _check_outputs(match: Match, env: dict[str, ir.Value | None]) -> None:
                 raise Blocked(f"graph output '{old.name}' would be renamed onto '{existing.name}'")
             change = _value_change(old, existing)
             if change is not None:
-                raise Blocked(f"changes the {change[0]} of '{old.name}' {change[1]}")
+                raise IllTyped(f"changes the {change[0]} of '{old.name}' {change[1]}")
 
 
 def _value_change(old: ir.Value, new: ir.Value) -> tuple[str, str] | None:

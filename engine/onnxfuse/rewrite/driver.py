@@ -20,7 +20,13 @@ from onnxfuse.fold.folder import Folder
 from onnxfuse.graph.names import NameSource, region_hash
 from onnxfuse.graph.traversal import owned_graphs
 from onnxfuse.language.rule import Rule
-from onnxfuse.rewrite.apply import Blocked, apply_match, fold_and_type, removable_unused
+from onnxfuse.rewrite.apply import (
+    Blocked,
+    IllTyped,
+    apply_match,
+    fold_and_type,
+    removable_unused,
+)
 from onnxfuse.rewrite.conditions import RuleMatcher
 from onnxfuse.rewrite.matcher import Match, ModelContext, StructureMemo
 from onnxfuse.rewrite.report import Report, StopKind, StopReason
@@ -194,6 +200,8 @@ class Driver:
             stats = self.report.rules[match.rule.name]
             stats.blocked += 1
             stats.blocked_reason = stats.blocked_reason or str(exc)
+            if isinstance(exc, IllTyped):
+                stats.ill_typed = stats.ill_typed or str(exc)
             return None  # nothing changed: not part of any cycle
         self.history.append(match.rule.name)
         self.signatures.add(signature)
