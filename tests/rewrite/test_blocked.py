@@ -159,9 +159,7 @@ def test_a_blocked_rewrite_leaves_no_use_behind():
     assert [use.node.op_type for use in x.uses()] == ["Mul"]
 
 
-def test_the_command_line_names_the_blocked_rule_and_writes_a_valid_model(
-    tmp_path: Path, capsys
-):
+def test_the_command_line_names_the_blocked_rule_and_writes_a_valid_model(tmp_path: Path, capsys):
     source, output = tmp_path / "m.onnx", tmp_path / "out.onnx"
     onnx.save(_mul_one_then_relus(), source)
     rules = [str(path) for path in _rule_files(tmp_path)]

@@ -86,6 +86,9 @@ def derive(
     mutations += _structural(instance, value_types)
     mutations += _literals(instance)
     for negative in domain.negatives:
+        if instance.reshaped is not None:
+            notes.append(f"declared negative '{negative.description}': {instance.reshaped}")
+            continue
         mutation = _declared(instance, negative)
         if mutation is None:
             notes.append(f"declared negative '{negative.description}': 'when' is false")
@@ -103,11 +106,12 @@ def _pattern_nodes(spec: InstanceSpec) -> list[NodeSpec]:
 def _structural(instance: Instance, value_types: dict[str, str]) -> list[Mutation]:
     spec = instance.spec
     found: list[Mutation] = []
+    pattern_outputs = {v.name for v in instance.source.outputs}  # graph outputs, or used
     intermediates = [
         out
         for node in _pattern_nodes(spec)
         for out in node.outputs
-        if out and out not in spec.outputs
+        if out and out not in pattern_outputs
     ]
     for value in intermediates:
         # A kept intermediate may have other uses: the rule may still fire, exactly.

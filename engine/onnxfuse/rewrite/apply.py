@@ -308,7 +308,8 @@ def _value_change(old: ir.Value, new: ir.Value) -> tuple[str, str] | None:
     when nothing known differs."""
     tensors = isinstance(old.type, ir.TensorType) and isinstance(new.type, ir.TensorType)
     if tensors and old.dtype is not None and new.dtype is not None and old.dtype != new.dtype:
-        return "type", f"from {element_types.from_onnx(old.dtype)} to {element_types.from_onnx(new.dtype)}"
+        was, now = element_types.from_onnx(old.dtype), element_types.from_onnx(new.dtype)
+        return "type", f"from {was} to {now}"
     if old.shape is None or new.shape is None:
         return None
     before, after = list(old.shape), list(new.shape)
