@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import onnx
 import onnx_ir as ir
 
-from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError
+from onnxfuse.errors import InvariantError, ModelError, OnnxfuseError, one_line
 from onnxfuse.files.input_files import INPUT_FILES_META, InputFiles
 from onnxfuse.files.model_io import check_model, load_model_and_types, save_model
 from onnxfuse.files.model_size import input_bytes, size_change
@@ -28,7 +28,7 @@ from onnxfuse.passes import pipeline
 from onnxfuse.passes.normalize import normalize
 from onnxfuse.passes.pipeline import Options
 from onnxfuse.rewrite.explain import Explanation, explain_rule
-from onnxfuse.rewrite.report import Report
+from onnxfuse.rewrite.report import Report, RuleStats
 from onnxfuse.support.heap import long_lived_objects_frozen
 from onnxfuse.targets.capabilities import Target, resolve_target
 from onnxfuse.targets.params import BLOCK_SIZE_METADATA, NCHWC_DOMAIN
@@ -80,7 +80,19 @@ def optimize(
         report = pipeline.optimize(model, chosen, run_options)
         report.repairs += repair_computed_outputs(model)
         record_layout_assumptions(model, resolved)
-        check_model(model, resolved)
+        try:
+            check_model(model, resolved)
+        except InvariantError as exc:
+            fired = sorted(n for n, s in report.rules.items() if s.applied)
+            culprits = rules_creating(str(exc), fired)
+            if not culprits:
+                raise
+            # Optimized in place: there is no model left to run again without them.
+            raise InvariantError(
+                f"rule {', '.join(culprits)} created nodes the ONNX checker rejects (the "
+                f"model is left as optimized; a copy, a ModelProto or a file is optimized "
+                f"again without the rule): {exc}"
+            ) from None
         result = model
     elif isinstance(model, onnx.ModelProto):
         with tempfile.TemporaryDirectory(prefix="onnxfuse-") as folder:
@@ -171,7 +183,46 @@ def optimize_file(
 ) -> Report:
     """Optimize a model file; write the result atomically (the input is never touched).
     ``also_writes``: files the caller writes after (a report), refused like ``output``
-    if the input reads them."""
+    if the input reads them.
+
+    A model the checker rejects at the end, in a node a rule created (one whose mistake
+    shows only once the rewrite's constants fold), is not written: the run starts again
+    from the file without that rule, and the report names it as blocked. Each round
+    leaves out at least one rule that fired; a failure in no rule's node is an error."""
+    left_out: dict[str, RuleStats] = {}
+    while True:
+        try:
+            report = _optimize_file_once(source, output, rules, options, also_writes)
+        except _RulesBrokeTheModel as broke:
+            for name in broke.rules:
+                left_out[name] = RuleStats(
+                    blocked=broke.report.rules[name].applied,
+                    blocked_reason=f"left out of the run: with its rewrites the {broke.failure}",
+                    ill_typed=broke.failure,
+                )
+            rules = [r for r in rules if r.name not in broke.rules]
+            continue
+        report.rules.update(left_out)
+        return report
+
+
+class _RulesBrokeTheModel(Exception):
+    """The checker rejects the optimized model in nodes these rules created."""
+
+    def __init__(self, rules: list[str], failure: str, report: Report):
+        super().__init__(failure)
+        self.rules = rules
+        self.failure = failure
+        self.report = report
+
+
+def _optimize_file_once(
+    source: str | os.PathLike,
+    output: str | os.PathLike | None,
+    rules: list[Rule],
+    options: Options | None,
+    also_writes: Sequence[str | os.PathLike],
+) -> Report:
     source = Path(source)
     if output is not None:  # before the work; data files when saving
         check_output(output)
@@ -194,15 +245,31 @@ def optimize_file(
             record_layout_assumptions(model, target)
             try:
                 _write_or_check(model, source, output, target)
-            except InvariantError as exc:  # a rule's target, or onnxfuse: say which rules ran
-                fired = ", ".join(sorted(n for n, s in report.rules.items() if s.applied))
-                raise InvariantError(f"{exc} (rules that fired: {fired or 'none'})") from None
+            except InvariantError as exc:  # a rule's replacement, or onnxfuse
+                fired = sorted(n for n, s in report.rules.items() if s.applied)
+                culprits = rules_creating(str(exc), fired)
+                if culprits:
+                    raise _RulesBrokeTheModel(culprits, one_line(str(exc)), report) from None
+                names = ", ".join(fired) or "none"
+                raise InvariantError(f"{exc} (rules that fired: {names})") from None
     files = model.meta.get(INPUT_FILES_META)
     if output is not None and isinstance(files, InputFiles):
         change = size_change(input_bytes(files), files, Path(output))
         report.bytes_before, report.bytes_after = change.bytes_before, change.bytes_after
         report.larger_because = list(change.reasons)
     return report
+
+
+def rules_creating(failure: str, fired: list[str]) -> list[str]:
+    """The rules among ``fired`` whose rewrites created the nodes a checker ``failure``
+    names: a rewrite names its nodes ``ANCHOR/RULE`` (``fresh`` may add ``_N``)."""
+    found = []
+    for node_name in re.findall(r"node name: ([^)]*)\)", failure):
+        last = node_name.rsplit("/", 1)[-1]
+        for name in fired:
+            if name not in found and re.fullmatch(re.escape(name) + r"(_\d+)?", last):
+                found.append(name)
+    return found
 
 
 def _write_or_check(

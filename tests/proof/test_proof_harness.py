@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 from helpers import relu_relu_rule, rules_from_text
 from hypothesis import given
@@ -26,7 +27,7 @@ from onnxfuse.proof.domain import (
     parse_domain,
     parse_spec,
 )
-from onnxfuse.proof.draw import HypothesisDrawer, RandomDrawer, draw
+from onnxfuse.proof.draw import HypothesisDrawer, RandomDrawer, Reject, draw
 from onnxfuse.proof.expr import ExprError, parse_expr
 from onnxfuse.proof.instance import build_model, generate, make_feeds, random_array
 from onnxfuse.proof.negatives import Mutation
@@ -212,9 +213,14 @@ def test_instance_of_a_folding_rule():
 
     rule = {r.name: r for r in load_builtin_rules(["core"])}["conv-bn-fold"]
     domain = parse_domain(rule)
-    for seed in range(5):
-        instance = generate(rule, domain, RandomDrawer(seed))
-        model = build_model(instance.spec)  # onnx's full checker passed
+    built = 0
+    for seed in range(20):
+        try:
+            instance = generate(rule, domain, RandomDrawer(seed))
+            model = build_model(instance.spec)  # onnx's full checker passed
+        except Reject:  # the domain's where, or a weight drawn at a rank Conv cannot take
+            continue
+        built += 1
         # Constants are drawn as initializers or as Constant nodes.
         constants = {i.name for i in model.graph.initializer} | {
             o for n in model.graph.node if n.op_type == "Constant" for o in n.output
@@ -222,7 +228,8 @@ def test_instance_of_a_folding_rule():
         assert {"W", "B", "scale", "bias", "mean", "var"} <= constants
         assert [i.name for i in model.graph.input] == ["X"]
         computing = [n.op_type for n in model.graph.node if n.op_type != "Constant"]
-        assert computing == ["Conv", "BatchNormalization"]
+        assert computing[:2] == ["Conv", "BatchNormalization"]
+    assert built >= 5
 
 
 def test_special_values_in_random_data():
@@ -380,31 +387,119 @@ rules:
 
 
 def test_catches_a_rule_that_fires_on_a_declared_negative():
-    # Written with an Identity: the engine itself now blocks a replacement that passes X
-    # through in place of a value of another shape, so that form would never fire.
+    # C is a graph input with a fixed value: a constant would also be drawn at ranks
+    # that make this unguarded rule ill-typed, another failure.
     text = """\
 rules:
-  - name: reshape-noop-unguarded
+  - name: add-zero-unguarded
     source: |
-      f (X, S) => (Y) {
-        Y = Reshape(X, S)
+      f (X, C) => (Y) {
+        Y = Add(X, C)
       }
     replacement: |
-      f (X) => (Y) {
+      f (X, C) => (Y) {
         Y = Identity(X)
       }
     verify:
       opsets: [17]
       dtypes: [float]
-      dims: {D: {rank: 2..3, each: 2..3}}
-      inputs: {X: [D], S: {dtype: int64, value: shape(X)}}
+      dims: {D: {rank: 1..2, each: 2..3}}
+      inputs: {X: [D], C: {shape: [1], value: 0.0, constant: false}}
       negatives:
-        - {input: S, value: "list(shape(X))[::-1]", when: "list(D) != list(D)[::-1]"}
+        - {input: C, value: 1.0, reason: adding 1 is no identity}
 """
     report = check_rule(rules_from_text(text)[0], examples=30, shrink_seconds=5)
     assert report.failure is not None
     assert report.failure.kind == "fired-on-negative"
     assert report.failure.expect == "no-fire"
+
+
+def test_an_unguarded_rule_that_changes_a_shape_fails_with_a_counterexample():
+    # Without rank(C) <= rank(X), a C of shape [1, 1] broadcasts X[N] to [1, N]: the
+    # rewrite would hand X's shape on. Drawn only with C at another rank than [1],
+    # and only caught when the engine's block counts as the rule's failure.
+    text = """\
+rules:
+  - name: my-mul-one
+    source: |
+      f (X, C) => (Y) {
+        Y = Mul(X, C)
+      }
+    where:
+      - is_constant(C) and all_equal(C, 1.0)
+    replacement: |
+      f (X, C) => (Y) {
+        Y = Identity(X)
+      }
+    verify:
+      dtypes: [float]
+      dims: {D: {rank: 1..2, each: 1..4}}
+      inputs: {X: [D], C: {shape: [1], value: 1.0}}
+"""
+    rule = rules_from_text(text)[0]
+    report = check_rule(rule, examples=50, shrink_seconds=5)
+    assert report.failure is not None, report.summary()
+    assert report.failure.kind == "ill-typed"
+    assert "changes the shape of 'Y'" in report.failure.message
+    guarded = text.replace("all_equal(C, 1.0)", "all_equal(C, 1.0) and rank(C) <= rank(X)")
+    report = check_rule(rules_from_text(guarded)[0], examples=50, shrink_seconds=5)
+    assert report.ok, report.failure.format() if report.failure else report.error
+
+
+def test_pattern_outputs_feed_a_node_in_some_instances():
+    rule = rule_with("""    verify: {dtypes: [float], inputs: {X: [3]}}""")
+    outputs = set()
+    for seed in range(8):
+        spec = generate(rule, parse_domain(rule), RandomDrawer(seed)).spec
+        outputs.add(tuple(spec.outputs))
+        if spec.outputs == ["Y__use"]:
+            assert [n.op_type for n in spec.nodes][-1] == "Identity"
+    assert outputs == {("Y",), ("Y__use",)}
+
+
+def test_constants_are_drawn_at_other_ranks_in_some_instances():
+    rule = rules_from_text(MUL_BY_CONSTANT)[0]
+    shapes = {
+        generate(rule, parse_domain(rule), RandomDrawer(seed)).spec.tensors["C"].dims
+        for seed in range(40)
+    }
+    assert (1, 3) in shapes and (3,) in shapes and ((1, 1, 3) in shapes or (1, 1, 1, 3) in shapes)
+
+
+MUL_BY_CONSTANT = """
+rules:
+  - name: mul-by-constant
+    source: |
+      f (X, C) => (Y) {
+        Y = Mul(X, C)
+      }
+    replacement: |
+      f (X, C) => (Y) {
+        Y = Mul(C, X)
+      }
+    verify:
+      dtypes: [float]
+      inputs: {X: [2, 3], C: {shape: [1, 3], constant: true}}
+"""
+
+
+def test_a_failing_negative_case_prints_the_instance_it_ran_and_saved():
+    # The negative case changes the element type: the instance shown is the int8 one
+    # its saved model holds, not the float instance it was derived from.
+    rule = rule_with(
+        """    verify:
+      opsets: [17]
+      dtypes: [float]
+      inputs: {X: [3]}
+      negatives:
+        - {dtype: int8, reason: wrong since Relu runs int8 too}"""
+    )
+    report = check_rule(rule, examples=5, shrink_seconds=2)
+    failure = report.failure
+    assert failure is not None and failure.kind == "fired-on-negative", report.summary()
+    assert failure.instance.startswith("opset 17; dtype int8"), failure.instance
+    assert "X: input int8[3]" in failure.instance and "float" not in failure.instance
+    assert failure.model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
 
 
 def test_a_domain_that_never_fires_fails_coverage():

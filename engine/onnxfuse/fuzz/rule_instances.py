@@ -97,19 +97,32 @@ def candidate_rules(opset: int) -> list[tuple[Rule, Domain]]:
     ]
 
 
+# Draws of one instance: half of them reshape a constant, which onnx may reject.
+_DRAWS = 4
+
+
 def draw_instance(b: Builder, rule, domain, fire_target=None):
     """A built instance of ``rule`` (spec and typed model), or None if it cannot be drawn
     (or, with ``fire_target``, if the rule alone does not fire on it for that target)."""
-    try:
-        instance = generate(rule, domain, _BuilderDrawer(b))
-        spec = instance.spec.copy()
-        concrete = spec.copy()
-        for tensor in concrete.tensors.values():
-            tensor.symbolic = {}  # output shapes must be concrete for the fuzz graph
-        model = build_model(concrete)
-        if fire_target is not None and not _fires_alone(spec, rule, fire_target):
+    for _ in range(_DRAWS):
+        instance = None
+        try:
+            instance = generate(rule, domain, _BuilderDrawer(b))
+            spec = instance.spec.copy()
+            concrete = spec.copy()
+            for tensor in concrete.tensors.values():
+                tensor.symbolic = {}  # output shapes must be concrete for the fuzz graph
+            model = build_model(concrete)
+            if fire_target is not None and not _fires_alone(spec, rule, fire_target):
+                return None
+            break
+        except Reject:
+            if instance is None or instance.reshaped is None:
+                return None
+            # A constant drawn at another rank that the op does not broadcast: draw again.
+        except (DomainError, ExprError):
             return None
-    except (Reject, DomainError, ExprError):
+    else:
         return None
     if not _runs_in_onnxruntime(model) or any(
         t.kind == "input" and t.dtype not in _FEEDABLE for t in spec.tensors.values()

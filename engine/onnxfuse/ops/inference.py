@@ -29,19 +29,23 @@ _PLACEHOLDER = "onnxfuse-inference-placeholder"
 _VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
 
 
-def infer_node(node: ir.Node, opset: int) -> None:
+def infer_node(node: ir.Node, opset: int) -> str | None:
     """Fill in the type and shape of ``node``'s outputs where onnx can infer them.
 
     Only outputs with no type yet are touched; failures leave them unknown
-    (a later full shape inference may still fill them).
+    (a later full shape inference may still fill them). Returns onnx's message where
+    it finds the node ill-typed (inputs of types or shapes the op cannot take), which
+    the checker would reject too; None otherwise, also where it lacks an input's type.
     """
     schema = schemas.get_schema(node.domain, node.op_type, opset)
+    stand_in = False
     if schema is None and extension_ops.is_extension(node.domain, node.op_type, opset):
         found = extension_ops.stand_in(node.op_type)
         if found is not None:
             schema, opset = found
+            stand_in = True
     if schema is None or all(o.type is not None for o in node.outputs):
-        return
+        return None
     input_types: dict[str, onnx.TypeProto] = {}
     for value in node.inputs:
         if value is None or value.type is None or not value.name:
@@ -66,8 +70,12 @@ def infer_node(node: ir.Node, opset: int) -> None:
             opset_imports=[onnx.helper.make_opsetid(node.domain, opset)],
             ir_version=10,
         )
-    except Exception:  # onnx raises several types for nodes it cannot infer
-        return
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        # Only a verdict on the node itself: its own schema, every input typed.
+        typed = all(v is None or v.name in input_types for v in node.inputs)
+        return str(exc).strip() if typed and not stand_in else None
+    except Exception:  # onnx raises several types for nodes it cannot infer (KeyError: an
+        return None  # untyped input)
     for output in node.outputs:
         inferred_type = inferred.get(output.name or "")
         if inferred_type is None or output.type is not None:
@@ -77,6 +85,7 @@ def infer_node(node: ir.Node, opset: int) -> None:
             output.shape = ir.serde.deserialize_type_proto_for_shape(inferred_type)
         except Exception:  # an inferred type the IR cannot hold: leave it unknown
             continue
+    return None
 
 
 def schema_dtypes(node: ir.Node, opset: int) -> list[ir.DataType | None]:

@@ -46,6 +46,7 @@ from onnxfuse.proof.runtime import (
     compare,
     first_line,
 )
+from onnxfuse.rewrite.report import RuleStats
 from onnxfuse.targets.capabilities import Target, load_target
 from onnxfuse.targets.params import parse_params
 
@@ -129,6 +130,14 @@ def optimize_with(
     model: onnx.ModelProto, rule: Rule, target: Target | None, check: bool = True
 ) -> tuple[int, onnx.ModelProto]:
     """Apply ``rule`` alone; return how often it fired and the result (checked if ``check``)."""
+    stats, result = _optimize_alone(model, rule, target, check)
+    return stats.applied, result
+
+
+def _optimize_alone(
+    model: onnx.ModelProto, rule: Rule, target: Target | None, check: bool = True
+) -> tuple[RuleStats, onnx.ModelProto]:
+    """``optimize_with``, with the rule's statistics (why its rewrites were blocked)."""
     from onnxfuse.files.model_io import check_model
     from onnxfuse.passes.pipeline import Options, optimize
 
@@ -136,7 +145,7 @@ def optimize_with(
     report = optimize(ir_model, [rule], Options(target=target))
     if check:
         check_model(ir_model)
-    return report.rules[rule.name].applied, ir.serde.serialize_model(ir_model)
+    return report.rules[rule.name], ir.serde.serialize_model(ir_model)
 
 
 def why_not(
@@ -171,7 +180,7 @@ def _fire(
 ) -> onnx.ModelProto:
     """The rewritten model; Reject if guards reject the instance, _Found on a failure."""
     try:
-        applied, result = optimize_with(model, rule, target)
+        stats, result = _optimize_alone(model, rule, target)
     except InvariantError as exc:
         raise _Found(
             Failure(rule.name, "invalid-result", str(exc), instance.describe(), model)
@@ -186,8 +195,12 @@ def _fire(
                 model,
             )
         ) from None
-    if applied:
+    if stats.applied:
         return result
+    if stats.ill_typed is not None:
+        # The engine kept the model valid, but the rule is wrong wherever this happens.
+        message = f"the rule's rewrite is blocked: {stats.ill_typed}"
+        raise _Found(Failure(rule.name, "ill-typed", message, instance.describe(), model))
     reason = why_not(model, rule, target, anchor_name(instance))
     if reason.startswith(_REJECTING) or reason.startswith("matched, but") or reason == _FOLDED_AWAY:
         raise Reject(reason)
@@ -347,6 +360,7 @@ def _check_mutation(
     report: RuleReport,
 ) -> None:
     rule = instance.rule
+    shown = mutation.instance(instance)  # what a failure prints: the model it saves
     try:
         model = build_model(
             mutation.spec, check=not mutation.must_not_fire, fallback_dtype=instance.dtype
@@ -362,7 +376,7 @@ def _check_mutation(
                 rule.name,
                 "invalid-result",
                 str(exc),
-                instance.describe(),
+                shown.describe(),
                 model,
                 mutation=mutation.description,
             )
@@ -373,7 +387,7 @@ def _check_mutation(
                 rule.name,
                 "engine-error",
                 f"{type(exc).__name__}: {first_line(exc)}",
-                instance.describe(),
+                shown.describe(),
                 model,
                 mutation=mutation.description,
             )
@@ -385,7 +399,7 @@ def _check_mutation(
                     rule.name,
                     "fired-on-negative",
                     f"the rule fired on a negative case ({mutation.kind}) where it must not",
-                    instance.describe(),
+                    shown.describe(),
                     model,
                     expect="no-fire",
                     mutation=mutation.description,
@@ -399,7 +413,7 @@ def _check_mutation(
                     rule.name,
                     "fired-on-negative",
                     "the rule did not fire, but the node count changed",
-                    instance.describe(),
+                    shown.describe(),
                     model,
                     expect="no-fire",
                     mutation=mutation.description,
@@ -422,7 +436,7 @@ def _check_mutation(
     except RuntimeFailure as exc:
         report.skipped[f"{mutation.kind}: {exc}"] += 1
         return
-    _compare_runs(instance, domain, runner, model, result, feeds, expected, mutation.description)
+    _compare_runs(shown, domain, runner, model, result, feeds, expected, mutation.description)
     report.boundary_exact[mutation.kind] += 1
 
 
@@ -714,13 +728,15 @@ def replay(
     except VerifyError:
         tolerance = Domain(rule.name, [], []).tolerance
     try:
-        applied, result = optimize_with(model, rule, target)
+        stats, result = _optimize_alone(model, rule, target)
     except Exception as exc:
         return f"the optimizer fails: {type(exc).__name__}: {first_line(exc)}"
     if expect == "no-fire":
-        return "the rule fires on this negative case" if applied else None
-    if not applied:
-        return None if expect == "no-fire" else "the rule does not fire on this model"
+        return "the rule fires on this negative case" if stats.applied else None
+    if stats.ill_typed is not None:
+        return f"the rule's rewrite is blocked: {stats.ill_typed}"
+    if not stats.applied:
+        return "the rule does not fire on this model"
     runner = choose_runner(model)
     try:
         expected = runner.run(model, [feeds])[0]

@@ -125,6 +125,9 @@ class Instance:
     env: dict[str, Any]  # every drawn name, and VarRefs of the variables
     draws: dict[str, Any]  # the drawn names alone, for reports
     data_seed: int
+    # A constant drawn at another rank than the domain gives it (see _broadcast_variant):
+    # the domain's expressions, and so its declared negatives, do not describe it.
+    reshaped: str | None = None
 
     @property
     def source(self) -> Pattern:
@@ -137,6 +140,8 @@ class Instance:
         shown = {k: v for k, v in self.draws.items() if k not in ("opset", "dt", "alternative")}
         if shown:
             parts.append(", ".join(f"{k}={_short(v)}" for k, v in shown.items()))
+        if self.reshaped:
+            parts.append(self.reshaped)
         lines = ["; ".join(parts)]
         for tensor in self.spec.tensors.values():
             if tensor.kind == "absent":
@@ -213,6 +218,8 @@ class _Builder:
             tensor = self._variable(name, env, dtype, symbolic, rng)
             tensors[name] = tensor
             env[name] = _ref(tensor)
+        # After every draw: the domain's expressions see the shapes it wrote.
+        reshaped = self._broadcast_variant(tensors)
         for pvalue in source.values.values():
             if pvalue.kind == "constant":
                 tensors[pvalue.name] = self._pattern_constant(pvalue.name, pvalue, dtype, env)
@@ -243,14 +250,23 @@ class _Builder:
         for name, tensor in tensors.items():
             if tensor.kind != "absent" and math.prod(tensor.dims) > MAX_ELEMENTS:
                 raise Reject(f"{name} has more than {MAX_ELEMENTS} elements")
+        outputs = [v.name for v in source.outputs]
+        if self.drawer.index(2) == 1:
+            # Used inside a graph, not as its outputs: the engine keeps a graph output's
+            # declared type, and a rewrite that changes the value's shape shows here.
+            nodes += [
+                NodeSpec("Identity", "", [name], [f"{name}__use"], {}, None, f"use_{name}")
+                for name in outputs
+            ]
+            outputs = [f"{name}__use" for name in outputs]
         instance_spec = InstanceSpec(
             opset=opset,
             tensors=tensors,
             nodes=nodes,
-            outputs=[v.name for v in source.outputs],
+            outputs=outputs,
             extra_opsets={d: 1 for d in {n.domain for n in nodes} if d not in ("", "ai.onnx")},
         )
-        return Instance(rule, source_index, dtype, instance_spec, env, draws, data_seed)
+        return Instance(rule, source_index, dtype, instance_spec, env, draws, data_seed, reshaped)
 
     def _variable(
         self,
@@ -314,6 +330,34 @@ class _Builder:
             follows_dtype=follows,
         )
         return tensor
+
+    def _broadcast_variant(self, tensors: dict[str, TensorSpec]) -> str | None:
+        """In half the instances, one constant variable gets leading 1-dims added,
+        to one more than the highest rank of the others, or removed: the same values at
+        another rank, as exporters write a bias ([1, 1, C] or [C]). An op that broadcasts
+        it then gives a result of a higher (or lower) rank than its other inputs, which a
+        rule passing one of those through must guard against. Where the op does not
+        broadcast, onnx rejects the instance and it is discarded. Returns what changed."""
+        constants = [
+            t
+            for t in tensors.values()
+            if t.variable and t.kind in ("initializer", "constant_node") and t.value is not None
+        ]
+        if not constants or self.drawer.index(2) == 0:  # 0: shrinks to the domain's shapes
+            return None
+        tensor = constants[self.drawer.index(len(constants))]
+        assert tensor.value is not None
+        dims = tensor.dims
+        ones = next((i for i, d in enumerate(dims) if d != 1), len(dims))  # leading 1-dims
+        if ones and self.drawer.index(3) == 2:
+            dims = dims[ones:]
+        else:
+            highest = max(len(t.dims) for t in tensors.values() if t.kind != "absent")
+            dims = (1,) * max(1, highest + 1 - len(dims)) + dims
+        note = f"{tensor.name} drawn as {list(dims)}, not {list(tensor.dims)}"
+        tensor.dims = dims
+        tensor.value = tensor.value.reshape(dims)
+        return note
 
     def _pattern_constant(
         self, name: str, pvalue: Any, dtype: str, env: dict[str, Any]

@@ -19,7 +19,7 @@ May fire, but then must still be exact (the domain's boundary: guards decide):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,11 @@ class Mutation:
     description: str
     spec: InstanceSpec
     must_not_fire: bool
+    dtype: str | None = None  # the instance's element type, where the case changes it
+
+    def instance(self, base: Instance) -> Instance:
+        """The instance this case runs (and a failure saves): ``base`` with its spec."""
+        return replace(base, spec=self.spec, dtype=self.dtype or base.dtype)
 
 
 def derive(
@@ -81,6 +86,9 @@ def derive(
     mutations += _structural(instance, value_types)
     mutations += _literals(instance)
     for negative in domain.negatives:
+        if instance.reshaped is not None:
+            notes.append(f"declared negative '{negative.description}': {instance.reshaped}")
+            continue
         mutation = _declared(instance, negative)
         if mutation is None:
             notes.append(f"declared negative '{negative.description}': 'when' is false")
@@ -98,11 +106,12 @@ def _pattern_nodes(spec: InstanceSpec) -> list[NodeSpec]:
 def _structural(instance: Instance, value_types: dict[str, str]) -> list[Mutation]:
     spec = instance.spec
     found: list[Mutation] = []
+    pattern_outputs = {v.name for v in instance.source.outputs}  # graph outputs, or used
     intermediates = [
         out
         for node in _pattern_nodes(spec)
         for out in node.outputs
-        if out and out not in spec.outputs
+        if out and out not in pattern_outputs
     ]
     for value in intermediates:
         # A kept intermediate may have other uses: the rule may still fire, exactly.
@@ -328,6 +337,7 @@ def _declared(instance: Instance, negative: Negative) -> Mutation | None:
                 tensor.kind = "input"
     elif negative.dtype is not None:
         _change_dtype(spec, instance.dtype, negative.dtype)
+        return Mutation("declared", negative.description, spec, True, negative.dtype)
     return Mutation("declared", negative.description, spec, True)
 
 
@@ -346,7 +356,9 @@ def _boundary(instance: Instance, rng: np.random.Generator) -> list[Mutation]:
     new = others[int(rng.integers(len(others)))]
     spec = instance.spec.copy()
     _change_dtype(spec, instance.dtype, new)
-    found.append(Mutation("dtype", f"element type {new} instead of {instance.dtype}", spec, False))
+    found.append(
+        Mutation("dtype", f"element type {new} instead of {instance.dtype}", spec, False, new)
+    )
     constants = [
         name
         for name, tensor in instance.spec.tensors.items()

@@ -12,7 +12,7 @@ import onnx_ir as ir
 from onnxfuse.fold.folder import Folder
 from onnxfuse.graph.names import NameSource
 from onnxfuse.language.guards import constant_tensor
-from onnxfuse.ops import schemas
+from onnxfuse.ops import element_types, schemas
 from onnxfuse.ops.inference import infer_node, schema_dtypes
 from onnxfuse.rewrite.matcher import Match, ModelContext
 from onnxfuse.rewrite.plan import PlannedAttribute, plan_match
@@ -28,10 +28,17 @@ class Blocked(Exception):
     """The match is valid but rewriting it here would break an invariant."""
 
 
+class IllTyped(Blocked):
+    """The rewrite would give a replaced value another type or shape, or create a node
+    onnx finds ill-typed: the rule's own mistake (a missing rank guard), wherever the
+    graph lets it fire."""
+
+
 def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[ir.Node]:
     """Rewrite the matched nodes into the rule's replacement; return the new nodes, their
-    outputs typed only where they replace typed values (``type_created`` does the rest,
-    once constant computations are folded)."""
+    outputs typed where they replace typed values or their static type is inferred
+    (``fold_and_type`` does the rest, once constant computations are folded). Blocked,
+    with nothing changed, where the rewrite would break an invariant."""
     anchor = match.nodes[0]
     for node in match.nodes:
         if node is match.outputs[0].producer():
@@ -41,35 +48,13 @@ def apply_match(match: Match, context: ModelContext, names: NameSource) -> list[
     replacement = match.rule.replacement
     env: dict[str, ir.Value | None] = {n: match.values.get(n) for n in replacement.input_names()}
     _check_outputs(match, env)
-
-    created: list[ir.Node] = []
-    base = anchor.name or match.rule.name
-    provenance = {
-        PROVENANCE_RULE: match.rule.name,
-        PROVENANCE_REPLACED: json.dumps(replaced_sources(match.nodes)),
-    }
     _check_absent_inputs(match, env, context)
-    for planned in plan_match(match, context).nodes:
-        pnode = planned.pattern
-        inputs = [None if pv is None else env[pv.name] for pv in pnode.inputs]
-        attributes = [
-            _make_attribute(pnode.op_type, planned.opset, pnode.domain, attribute)
-            for attribute in planned.attributes
-        ]
-        node = ir.Node(
-            pnode.domain,
-            pnode.op_type,
-            inputs,
-            attributes,
-            num_outputs=len(pnode.outputs),
-            name=names.fresh(f"{base}/{match.rule.name}"),
-        )
-        node.metadata_props.update(provenance)
-        for pvalue, output in zip(pnode.outputs, node.outputs):
-            output.name = names.fresh(f"{base}/{pvalue.name if pvalue else 'unused'}")
-            if pvalue is not None:
-                env[pvalue.name] = output
-        created.append(node)
+    created = _create_nodes(match, context, names, env, anchor.name or match.rule.name)
+    try:
+        _check_types(match, created, env, context)
+    except Blocked:
+        _detach(created)
+        raise
     graph.insert_before(anchor, created)
 
     for old, pvalue in zip(match.outputs, replacement.outputs):
@@ -115,12 +100,99 @@ def strip_provenance(graphs: list[ir.Graph]) -> None:
             node.metadata_props.pop(PROVENANCE_REPLACED, None)
 
 
-def fold_and_type(created: list[ir.Node], context: ModelContext, folder: Folder) -> list[ir.Node]:
-    """Fold the new nodes that compute on constants only, then infer the
-    types and shapes of those left: inferring a node about to fold is wasted (most
-    nodes of a weight-folding rule), and the others see exact initializer shapes."""
+def _create_nodes(
+    match: Match,
+    context: ModelContext,
+    names: NameSource,
+    env: dict[str, ir.Value | None],
+    base: str,
+) -> list[ir.Node]:
+    """The replacement's nodes, reading the bound values, not yet in the graph; ``env``
+    maps each replacement value to its new value."""
+    created: list[ir.Node] = []
+    provenance = {
+        PROVENANCE_RULE: match.rule.name,
+        PROVENANCE_REPLACED: json.dumps(replaced_sources(match.nodes)),
+    }
+    try:
+        for planned in plan_match(match, context).nodes:
+            pnode = planned.pattern
+            inputs = [None if pv is None else env[pv.name] for pv in pnode.inputs]
+            attributes = [
+                _make_attribute(pnode.op_type, planned.opset, pnode.domain, attribute)
+                for attribute in planned.attributes
+            ]
+            node = ir.Node(
+                pnode.domain,
+                pnode.op_type,
+                inputs,
+                attributes,
+                num_outputs=len(pnode.outputs),
+                name=names.fresh(f"{base}/{match.rule.name}"),
+            )
+            node.metadata_props.update(provenance)
+            for pvalue, output in zip(pnode.outputs, node.outputs):
+                output.name = names.fresh(f"{base}/{pvalue.name if pvalue else 'unused'}")
+                if pvalue is not None:
+                    env[pvalue.name] = output
+            created.append(node)
+    except Blocked:
+        _detach(created)
+        raise
+    return created
+
+
+def _detach(nodes: list[ir.Node]) -> None:
+    """Nodes of a blocked rewrite stop using the graph's values (a node records itself
+    among the uses of its inputs when it is made), so that nothing is left changed."""
+    for node in nodes:
+        for index in range(len(node.inputs)):
+            node.replace_input_with(index, None)
+
+
+def _check_types(
+    match: Match, created: list[ir.Node], env: dict[str, ir.Value | None], context: ModelContext
+) -> None:
+    """Type the created nodes by onnx's inference, before anything is committed: a node
+    onnx finds ill-typed, or a replacement output of another element type, rank or static
+    dimension than the value it replaces, blocks the rewrite. The model would fail the
+    checker at the end (a rule ``Mul(X, 1) -> Identity(X)`` without a rank guard, on a 1
+    that broadcasts X to a higher rank). Nodes computing on constants only are folded
+    after the rewrite; here they get the element type their op fixes, no shape.
+    Inferred static types stay (the same once folding is done); the rest is cleared for
+    ``fold_and_type``."""
+    on_constants = {id(n) for n in _computes_on_constants(created, context)}
+    try:
+        for node in created:
+            if id(node) in on_constants:
+                for output, dtype in zip(node.outputs, schema_dtypes(node, context.opset(""))):
+                    if dtype is not None:
+                        output.type = ir.TensorType(dtype)
+                continue
+            error = infer_node(node, context.opset(node.domain))
+            if error is not None:
+                raise IllTyped(f"the {node.op_type} it creates does not type-check: {error}")
+        for old, pvalue in zip(match.outputs, match.rule.replacement.outputs):
+            new = env[pvalue.name]
+            if pvalue.kind == "input" or new is None:
+                continue  # passed through: _check_outputs compared it
+            change = _value_change(old, new)
+            if change is not None:
+                raise IllTyped(f"changes the {change[0]} of '{old.name}' {change[1]}")
+    finally:
+        for node in created:
+            for output in node.outputs:
+                shape = output.shape
+                if id(node) in on_constants or shape is None or not shape.is_static():
+                    output.type = None
+                    output.shape = None
+
+
+def _computes_on_constants(created: list[ir.Node], context: ModelContext) -> list[ir.Node]:
+    """The created ai.onnx nodes whose inputs are constants or computed from constants
+    by such nodes: folding will make them initializers."""
     constant: set[int] = set()
-    guessed: list[ir.Value] = []
+    found = []
     for node in created:
         if node.domain != "" or not all(
             v is None or id(v) in constant or constant_tensor(v, context.ir_version) is not None
@@ -128,6 +200,16 @@ def fold_and_type(created: list[ir.Node], context: ModelContext, folder: Folder)
         ):
             continue
         constant.update(id(o) for o in node.outputs)
+        found.append(node)
+    return found
+
+
+def fold_and_type(created: list[ir.Node], context: ModelContext, folder: Folder) -> list[ir.Node]:
+    """Fold the new nodes that compute on constants only, then infer the
+    types and shapes of those left: inferring a node about to fold is wasted (most
+    nodes of a weight-folding rule), and the others see exact initializer shapes."""
+    guessed: list[ir.Value] = []
+    for node in _computes_on_constants(created, context):
         # The folder checks a result's element type against its value's: give it the
         # type the op's constraints fix.
         for output, dtype in zip(node.outputs, schema_dtypes(node, context.opset(""))):
@@ -259,24 +341,29 @@ def _check_outputs(match: Match, env: dict[str, ir.Value | None]) -> None:
                 raise Blocked(f"graph output '{old.name}' would be renamed onto '{existing.name}'")
             change = _value_change(old, existing)
             if change is not None:
-                raise Blocked(f"changes the {change[0]} of '{old.name}': {change[1]}")
+                raise IllTyped(f"changes the {change[0]} of '{old.name}' {change[1]}")
 
 
 def _value_change(old: ir.Value, new: ir.Value) -> tuple[str, str] | None:
-    """What passing ``new`` through in place of ``old`` would change (its type or shape,
-    and how), where both are known; None when nothing known differs. A rule without
-    a rank guard (``Mul(X, 1) -> X`` on a broadcasting 1) is blocked here, not left to
-    fail the checker after the run."""
+    """What putting ``new`` in place of ``old`` would change (its element type, rank or
+    a static dimension: ``("shape", "from [1, 8] to [8]")``), where both are known; None
+    when nothing known differs."""
     tensors = isinstance(old.type, ir.TensorType) and isinstance(new.type, ir.TensorType)
     if tensors and old.dtype is not None and new.dtype is not None and old.dtype != new.dtype:
-        return "type", f"{new.dtype} where the graph has {old.dtype}"
+        was, now = element_types.from_onnx(old.dtype), element_types.from_onnx(new.dtype)
+        return "type", f"from {was} to {now}"
     if old.shape is None or new.shape is None:
         return None
     before, after = list(old.shape), list(new.shape)
     differs = len(before) != len(after) or any(
         isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(before, after)
     )
-    return ("shape", f"{after} where the graph has {before}") if differs else None
+    return ("shape", f"from {_dims(old.shape)} to {_dims(new.shape)}") if differs else None
+
+
+def _dims(shape: ir.Shape) -> str:
+    """``[1, N, ?]``: static dims, symbolic names, ``?`` for a dim with neither."""
+    return "[" + ", ".join(str(d) if isinstance(d, int) or d.value else "?" for d in shape) + "]"
 
 
 def _keep_type(old: ir.Value, new: ir.Value) -> None:

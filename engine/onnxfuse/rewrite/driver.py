@@ -20,7 +20,13 @@ from onnxfuse.fold.folder import Folder
 from onnxfuse.graph.names import NameSource, node_label, region_hash
 from onnxfuse.graph.traversal import owned_graphs
 from onnxfuse.language.rule import Rule
-from onnxfuse.rewrite.apply import Blocked, apply_match, fold_and_type, removable_unused
+from onnxfuse.rewrite.apply import (
+    Blocked,
+    IllTyped,
+    apply_match,
+    fold_and_type,
+    removable_unused,
+)
 from onnxfuse.rewrite.conditions import RuleMatcher
 from onnxfuse.rewrite.matcher import Match, ModelContext, StructureMemo
 from onnxfuse.rewrite.report import Report, StopKind, StopReason, TraceStep
@@ -212,6 +218,9 @@ class Driver:
             created = apply_match(match, context, self.names)
         except Blocked as exc:
             self._block(match.rule, match.nodes[0], str(exc))
+            if isinstance(exc, IllTyped):
+                stats = self.report.rules[match.rule.name]
+                stats.ill_typed = stats.ill_typed or str(exc)
             return None  # nothing changed: not part of any cycle
         self.history.append(match.rule.name)
         self.signatures.add(signature)

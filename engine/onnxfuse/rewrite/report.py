@@ -80,6 +80,8 @@ class RuleStats:
     seconds: float = 0.0
     blocked: int = 0  # matches whose rewrite would break an invariant, not applied
     blocked_reason: str | None = None  # the first such reason
+    # The first block that is the rule's own mistake (apply.IllTyped): `check` fails on it.
+    ill_typed: str | None = None
 
     @property
     def tried(self) -> bool:
