@@ -104,7 +104,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
     also = [args.report_json] if args.report_json is not None else []
     report = api.optimize_file(model_path, args.output, rules, options, also_writes=also)
     if args.report_json:
-        _write_json(args.report_json, report.to_json())
+        write_text(args.report_json, json.dumps(report.to_json(), indent=2) + "\n")
     if not args.quiet:
         print(format_report(report, str(model_path), args.output))
     warn_repairs(report.repairs)
@@ -117,14 +117,15 @@ def _progress(message: str) -> None:
     print(f"onnxfuse: {message}", file=sys.stderr, flush=True)
 
 
-def _write_json(path: str, data: object) -> None:
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a report, a profile)."""
     from onnxfuse.files.output_paths import temporary_prefix
 
     target = Path(path)
     temporary = target.with_name(f"{temporary_prefix(target)}tmp")
     with creating(path):
         try:
-            temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+            temporary.write_text(text, encoding="utf-8")
         except OSError:
             temporary.unlink(missing_ok=True)
             raise

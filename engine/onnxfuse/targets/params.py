@@ -7,7 +7,9 @@ laid out for the SIMD width of the machine, so a model rewritten into them only
 runs correctly where that block size holds. Plain ``cpu`` stays portable.
 Every target takes ``layout=nhwc|nchw`` (``cuda:layout=nhwc``): the tensor
 layout its convolutions should run in; a capability file's ``preferred_layout``
-is its default.
+is its default, and ``profile=FILE``: a target profile written by ``onnxfuse targets
+calibrate`` on the machine the model will run on (``targets/profile.py``); with one, a
+rewrite measured slower than what it replaces is skipped.
 
 Parameters reach rules through the guard name ``target_params`` (a mapping;
 a rule that reads a parameter the target lacks does not fire).
@@ -21,6 +23,7 @@ from typing import Any
 
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.targets.cpu_features import detect_block_size
+from onnxfuse.targets.profile import Profile, load_profile
 
 # Metadata key recording the block size a rewritten model assumes.
 BLOCK_SIZE_METADATA = "onnxfuse.nchwc_block_size"
@@ -37,6 +40,12 @@ def _block(text: str) -> int | None:
     raise ValueError("8, 16 or auto")
 
 
+def _profile(text: str) -> Profile:
+    if not text:
+        raise ValueError("the path of a profile written by `onnxfuse targets calibrate`")
+    return load_profile(text)
+
+
 def _layout(text: str) -> str:
     if text.lower() in ("nhwc", "nchw"):
         return text.lower()
@@ -49,6 +58,11 @@ COMMON_PARAMETERS: dict[str, tuple[Callable[[str], Any], str]] = {
         _layout,
         "nhwc or nchw: the layout convolutions run in (default: the capability file's "
         "preferred_layout, else nchw); nhwc enables the nhwc pack",
+    ),
+    "profile": (
+        _profile,
+        "a target profile written by `onnxfuse targets calibrate` on the machine the model "
+        "will run on: rewrites it measured slower than what they replace are skipped",
     ),
 }
 
@@ -95,6 +109,10 @@ def parse_params(target_name: str, spec: str) -> dict[str, Any]:
             value = parser(raw.strip())
         except ValueError as exc:
             raise OnnxfuseError(f"target parameter {key}={raw!r}: expected {exc}") from None
+        if isinstance(value, Profile) and value.target != target_name:
+            raise OnnxfuseError(
+                f"{value.path}: the profile is for target '{value.target}', not '{target_name}'"
+            )
         params[key] = value
     # A parameter resolved to "off" (block=auto on a machine without NCHWc) is left out.
     return {k: v for k, v in params.items() if v is not None}

@@ -1,0 +1,491 @@
+"""Calibration: each fused op timed against the pattern it replaces, on this machine.
+
+The pairs come from the matches optimize makes in a model (their real shapes and
+constants; the inputs' symbolic dims bound by ``--dim`` or ``default_dim``, the shapes
+inside inferred from them) or, without a model,
+from an instance drawn from each rule's ``verify:`` domain. A pair is the matched
+subgraph as a model of its own, repeated so that one run lasts long enough to dwarf
+onnxruntime's per-run overhead (each copy with its own inputs, so that nothing merges
+them), normalized as optimize normalizes, then optimized with the rule alone: the same
+model before and after. Both run in onnxruntime with the target's provider, warmed up,
+then in alternating rounds; the medians give the ratio a ``Profile`` records.
+
+Skipping a rule measured slower can expose a rule of lower priority at the same place:
+calibrating a model repeats until its run under the profile makes no unmeasured match.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import helper, numpy_helper
+
+from onnxfuse.errors import OnnxfuseError
+from onnxfuse.language.guards import constant_tensor
+from onnxfuse.language.rule import Rule
+from onnxfuse.passes.pipeline import Options, optimize
+from onnxfuse.planner.bindings import dim_name, graph_inputs
+from onnxfuse.proof.check import find_firing_instance, unavailable_here
+from onnxfuse.proof.domain import VerifyError, parse_domain
+from onnxfuse.proof.instance import build_model, random_array
+from onnxfuse.rewrite.matcher import Match
+from onnxfuse.targets.capabilities import Target
+from onnxfuse.targets.cpu_features import cpu_flags, cpu_model
+from onnxfuse.targets.facts import dtype_name
+from onnxfuse.targets.profile import Measurement, Profile, match_facts, now
+
+# A named dim no --dim binds: batch-like names 1 (one request), any other a typical
+# sequence length or image side.
+BATCH_DIM, OTHER_DIM = 1, 128
+# One timed run of the repeated pattern should last about this long (seconds), with at
+# most MAX_COPIES copies of the pattern.
+RUN_SECONDS = 2e-3
+MAX_COPIES = 32
+# Rounds of calibrate-then-optimize-under-the-profile on one model.
+MAX_ROUNDS = 4
+# Extra SIMD flags worth recording: they pick onnxruntime's (MLAS's) kernels.
+_SIMD_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "asimd",
+)
+LEVELS = ("disable", "basic", "extended", "all")
+
+
+def default_dim(name: str) -> int:
+    return BATCH_DIM if "batch" in name.lower() else OTHER_DIM
+
+
+@dataclass(frozen=True)
+class Settings:
+    runs: int = 30  # alternating rounds of the timed runs
+    warmup: int = 3
+    threads: int = 1
+    level: str = "disable"  # onnxruntime's graph optimization level
+
+
+@dataclass
+class Pair:
+    """A match as a model of its own: what a measurement times."""
+
+    rule: Rule
+    alternative: int
+    facts: dict[str, str]
+    at: str
+    dims: dict[str, int]
+    model: str
+    source: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+
+
+@dataclass
+class Outcome:
+    measurements: list[Measurement] = field(default_factory=list)
+    not_measured: list[str] = field(default_factory=list)  # one line each: rule, why
+
+
+class _NotMeasurable(Exception):
+    pass
+
+
+# -- pairs from a model ------------------------------------------------------------------
+
+
+def pairs_in_model(
+    model: ir.Model,
+    rules: list[Rule],
+    wanted: set[str],
+    target: Target,
+    dims: dict[str, int],
+    label: str,
+    known: set[tuple[str, int, tuple[tuple[str, str], ...]]],
+    skipped: list[str],
+) -> list[Pair]:
+    """The pairs of the matches of the ``wanted`` rules that optimize with ``rules``
+    makes in ``model`` (a private copy: it is rewritten), except those already
+    ``known``."""
+    found: list[Pair] = []
+
+    def observe(match: Match) -> None:
+        rule = match.rule
+        if rule.name not in wanted:
+            return
+        alternative = next(i for i, s in enumerate(rule.sources) if s is match.source)
+        facts = match_facts(match.values, match.source.input_names())
+        key = (rule.name, alternative, tuple(sorted(facts.items())))
+        if key in known:
+            return
+        known.add(key)
+        try:
+            found.append(_pair(match, alternative, facts, model, dims, label))
+        except _NotMeasurable as exc:
+            skipped.append(f"{rule.name}: not measured at {_facts_text(facts)}: {exc}")
+
+    optimize(model, rules, Options(target=target, observe=observe))
+    return found
+
+
+def _facts_text(facts: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in facts.items())
+
+
+def bound_copy(model: ir.Model, given: dict[str, int]) -> tuple[ir.Model, dict[str, int]]:
+    """``model`` (rewritten in place) with its inputs' named dims bound by ``given`` or
+    ``default_dim``, the shapes inside left to be inferred again from them; and the
+    bindings."""
+    dims = {name: given.get(name, default_dim(name)) for name in input_dim_names(model)}
+    for value in graph_inputs(model):
+        if value.shape is not None:
+            value.shape = ir.Shape([_input_dim(d, dims) for d in value.shape])
+    for node in model.graph:
+        for output in node.outputs:
+            output.shape = None  # inferred again from the bound inputs
+    return model, dims
+
+
+def input_dim_names(model: ir.Model) -> list[str]:
+    """The names of the symbolic dims of the model's inputs (what --dim binds)."""
+    inputs = graph_inputs(model)
+    return sorted({t for v in inputs if v.shape is not None for d in v.shape if (t := dim_name(d))})
+
+
+def _input_dim(dim: int | ir.SymbolicDim, dims: dict[str, int]) -> int:
+    if isinstance(dim, int) and dim > 0:
+        return dim
+    text = dim_name(dim)
+    return OTHER_DIM if text is None else dims[text]
+
+
+def _bind(value: ir.Value) -> list[int]:
+    """The static shape of ``value``; _NotMeasurable if inference left a dim open."""
+    if value.shape is None:
+        raise _NotMeasurable(f"{value.name!r} has no known shape")
+    if not all(isinstance(d, int) and d >= 0 for d in value.shape):
+        raise _NotMeasurable(f"{value.name!r} has a dim the bound inputs do not fix")
+    return [int(d) for d in value.shape]  # type: ignore[arg-type]
+
+
+def _pair(
+    match: Match,
+    alternative: int,
+    facts: dict[str, str],
+    model: ir.Model,
+    dims: dict[str, int],
+    label: str,
+) -> Pair:
+    """The matched nodes with their real constants; inputs and outputs at bound shapes."""
+    graph = match.nodes[0].graph
+    assert graph is not None
+    order = {id(n): i for i, n in enumerate(graph)}
+    nodes = sorted(match.nodes, key=lambda n: order.get(id(n), 0))
+    inside = {id(o) for n in nodes for o in n.outputs}
+    seen: set[int] = set()
+    inputs, initializers, infos = [], [], []
+    feeds: dict[str, np.ndarray] = {}
+    rng = np.random.default_rng(0)
+    ir_version = model.ir_version or 10
+    for node in nodes:
+        for value in node.inputs:
+            if value is None or id(value) in inside or id(value) in seen:
+                continue
+            seen.add(id(value))
+            constant = constant_tensor(value, ir_version)
+            if constant is not None:
+                initializers.append(numpy_helper.from_array(constant.numpy(), value.name))
+                continue
+            shape, dtype = _bind(value), dtype_name(value.dtype)
+            if dtype is None:
+                raise _NotMeasurable(f"{value.name!r} has no known element type")
+            inputs.append(helper.make_tensor_value_info(value.name, value.dtype, shape))
+            # Integers are zeros: always a valid index or count.
+            feeds[value.name] = random_array(rng, dtype, tuple(shape), (0, 0), frozenset())
+    for node in nodes:
+        for output in node.outputs:
+            if output.type is not None and output.shape is not None:
+                try:
+                    shape = _bind(output)
+                except _NotMeasurable:
+                    continue
+                infos.append(helper.make_tensor_value_info(output.name, output.dtype, shape))
+    outputs = []
+    for output in match.outputs:
+        known = next((v for v in infos if v.name == output.name), None)
+        outputs.append(known or helper.make_value_info(output.name, onnx.TypeProto()))
+    protos = [ir.serde.serialize_node(n) for n in nodes]
+    shapes = {str(_dims_of(v)) for v in inputs}
+    at = ", ".join(sorted(shapes, key=len, reverse=True)) or "constants only"
+    built = helper.make_model(
+        helper.make_graph(protos, f"calibrate-{match.rule.name}", inputs, outputs, initializers),
+        opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(model.opset_imports.items())],
+        ir_version=ir_version,
+    )
+    built.graph.value_info.extend(v for v in infos if v.name not in {o.name for o in outputs})
+    return Pair(match.rule, alternative, facts, at, dict(dims), label, built, feeds)
+
+
+def _dims_of(info: onnx.ValueInfoProto) -> list[int]:
+    return [d.dim_value for d in info.type.tensor_type.shape.dim]
+
+
+# -- pairs from verification domains ------------------------------------------------------
+
+
+def pairs_from_domains(
+    rules: list[Rule], target: Target, known: set, skipped: list[str]
+) -> list[Pair]:
+    """One pair per rule, from an instance of its ``verify:`` domain that fires."""
+    found: list[Pair] = []
+    for rule in rules:
+        try:
+            domain = parse_domain(rule)
+        except VerifyError as exc:
+            skipped.append(f"{rule.name}: not measured: {exc}")
+            continue
+        why = unavailable_here(target, domain)
+        if why is not None:
+            skipped.append(f"{rule.name}: not measured: {why}")
+            continue
+        instance, _ = find_firing_instance(rule, domain, target)
+        if instance is None:
+            skipped.append(f"{rule.name}: not measured: no instance of its domain fires")
+            continue
+        model, dims = bound_copy(ir.from_proto(build_model(instance.spec)), {})
+        found += pairs_in_model(model, [rule], {rule.name}, target, dims, "", known, skipped)
+    return found
+
+
+# -- timing --------------------------------------------------------------------------------
+
+
+def _repeated(model: onnx.ModelProto, copies: int) -> onnx.ModelProto:
+    """``copies`` copies of the graph side by side, each with its own inputs and outputs
+    (initializers shared: each copy reads the same weights, as a model's layers do)."""
+    graph = model.graph
+    shared = {t.name for t in graph.initializer}
+
+    def name(text: str, k: int) -> str:
+        return text if not text or text in shared else f"{text}__{k}"
+
+    nodes, inputs, outputs, infos = [], [], [], []
+    for k in range(copies):
+        for node in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = f"{node.name}__{k}"
+            copy.input[:] = [name(i, k) for i in node.input]
+            copy.output[:] = [name(o, k) for o in node.output]
+            nodes.append(copy)
+        for source, dest in ((graph.input, inputs), (graph.output, outputs)):
+            for info in source:
+                renamed = onnx.ValueInfoProto()
+                renamed.CopyFrom(info)
+                renamed.name = name(info.name, k)
+                dest.append(renamed)
+        for info in graph.value_info:
+            renamed = onnx.ValueInfoProto()
+            renamed.CopyFrom(info)
+            renamed.name = name(info.name, k)
+            infos.append(renamed)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.ClearField("node")
+    out.graph.node.extend(nodes)
+    for field_name, values in (("input", inputs), ("output", outputs), ("value_info", infos)):
+        out.graph.ClearField(field_name)
+        getattr(out.graph, field_name).extend(values)
+    return out
+
+
+def _feeds(pair: Pair, copies: int) -> dict[str, np.ndarray]:
+    return {f"{n}__{k}": v for k in range(copies) for n, v in pair.feeds.items()}
+
+
+def _optimized(model: onnx.ModelProto, rules: list[Rule], target: Target) -> tuple[int, bytes]:
+    ir_model = ir.from_proto(model)
+    report = optimize(ir_model, rules, Options(target=target, gate_by_profile=False))
+    applied = sum(report.rules[r.name].applied for r in rules)
+    return applied, ir.serde.serialize_model(ir_model).SerializeToString()
+
+
+def _session(data: bytes, provider: str, settings: Settings):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[settings.level]
+    options.intra_op_num_threads = settings.threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 4
+    return ort.InferenceSession(data, options, providers=[provider])
+
+
+def _run_seconds(session, feeds: dict[str, np.ndarray]) -> float:
+    started = time.perf_counter()
+    session.run(None, feeds)
+    return time.perf_counter() - started
+
+
+def _alternating(sessions: list, feeds: dict[str, np.ndarray], settings: Settings) -> list[float]:
+    """The median run time of each session: warm-up, then rounds, each starting with
+    the other session (a session's place in a round biases it)."""
+    for _ in range(settings.warmup):
+        for session in sessions:
+            session.run(None, feeds)
+    times: list[list[float]] = [[] for _ in sessions]
+    for index in range(settings.runs):
+        order = range(len(sessions)) if index % 2 == 0 else reversed(range(len(sessions)))
+        for which in order:
+            times[which].append(_run_seconds(sessions[which], feeds))
+    return [statistics.median(t) for t in times]
+
+
+def measure(pair: Pair, target: Target, provider: str, settings: Settings) -> Measurement:
+    """Time the pair's replacement against its source; _NotMeasurable if it cannot run."""
+    unprofiled = target.with_params({k: v for k, v in target.params.items() if k != "profile"})
+    try:
+        _, single = _optimized(pair.source, [], unprofiled)
+        probe = _session(single, provider, settings)
+        once = min(_run_seconds(probe, pair.feeds) for _ in range(1 + settings.warmup))
+    except Exception as exc:  # an onnxruntime refusal of this subgraph: reported, not fatal
+        raise _NotMeasurable(f"onnxruntime cannot run the pattern: {_first(exc)}") from None
+    copies = max(1, min(MAX_COPIES, math.ceil(RUN_SECONDS / max(once, 1e-7))))
+    source = _repeated(pair.source, copies)
+    _, unfused = _optimized(source, [], unprofiled)
+    applied, fused = _optimized(source, [pair.rule], unprofiled)
+    if applied != copies:
+        raise _NotMeasurable(f"the rule fired {applied} times on {copies} copies of its match")
+    feeds = _feeds(pair, copies)
+    try:
+        sessions = [_session(unfused, provider, settings), _session(fused, provider, settings)]
+        unfused_s, fused_s = _alternating(sessions, feeds, settings)
+    except Exception as exc:
+        raise _NotMeasurable(f"onnxruntime cannot run it: {_first(exc)}") from None
+    return Measurement(
+        rule=pair.rule.name,
+        alternative=pair.alternative,
+        inputs=pair.facts,
+        at=pair.at,
+        unfused_us=unfused_s / copies * 1e6,
+        fused_us=fused_s / copies * 1e6,
+        dims=pair.dims,
+        model=pair.model,
+    )
+
+
+def _first(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:200]
+
+
+# -- the whole calibration ------------------------------------------------------------------
+
+
+def provider_of(target: Target) -> str:
+    import onnxruntime as ort
+
+    provider = target.provider or "CPUExecutionProvider"
+    if provider not in ort.get_available_providers():
+        available = ", ".join(ort.get_available_providers())
+        raise OnnxfuseError(
+            f"target '{target.name}' runs on {provider}, which this onnxruntime lacks "
+            f"(it has: {available})"
+        )
+    return provider
+
+
+def machine() -> dict[str, object]:
+    flags = cpu_flags() or frozenset()
+    return {
+        "cpu": cpu_model() or platform.processor() or platform.machine(),
+        "flags": [f for f in _SIMD_FLAGS if f in flags],
+        "platform": platform.platform(),
+    }
+
+
+def fused_op_rules(rules: list[Rule]) -> list[Rule]:
+    """The rules that create an op of a domain other than ONNX's: fused kernels, whose
+    speed against the pattern they replace is what calibration measures by default."""
+    return [r for r in rules if any(d not in ("", "ai.onnx") for d, _ in r.created_ops())]
+
+
+def calibrate(
+    target: Target,
+    rules: list[Rule],
+    wanted: set[str],
+    models: Sequence[tuple[str, Callable[[], ir.Model]]],
+    dims: dict[str, int],
+    settings: Settings,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Profile, list[str]]:
+    """The profile of the ``wanted`` rules on this machine, and one line per match not
+    measured. ``models``: (label, loader of a fresh copy) each, optimized with ``rules``;
+    none: the wanted rules' verification domains."""
+    import onnxruntime as ort
+
+    # Calibration times the rules that would wait for a measurement (needs_profile).
+    rules = [replace(r, needs_profile=frozenset()) for r in rules]
+    provider = provider_of(target)
+    profile = Profile(
+        target=target.name,
+        measurements=[],
+        provider=provider,
+        machine=machine(),
+        onnxruntime=ort.__version__,
+        date=now(),
+        settings={
+            "threads": settings.threads,
+            "level": settings.level,
+            "runs": settings.runs,
+            "warmup": settings.warmup,
+        },
+    )
+    known: set = set()
+    skipped: list[str] = []
+
+    def measure_all(pairs: list[Pair]) -> None:
+        for pair in pairs:
+            try:
+                measured = measure(pair, target, provider, settings)
+            except _NotMeasurable as exc:
+                skipped.append(f"{pair.rule.name}: not measured at {pair.at}: {exc}")
+                continue
+            profile.measurements.append(measured)
+            if progress is not None:
+                progress(f"{measured.rule}: {measured.verdict()}")
+
+    if not models:
+        chosen = [r for r in rules if r.name in wanted]
+        measure_all(pairs_from_domains(chosen, target, known, skipped))
+        return profile, skipped
+    for label, load in models:
+        for _ in range(MAX_ROUNDS):
+            under = target.with_params({**target.params, "profile": profile})
+            model, bound = bound_copy(load(), dims)
+            pairs = pairs_in_model(model, rules, wanted, under, bound, label, known, skipped)
+            if not pairs:
+                break
+            measure_all(pairs)
+    return profile, skipped
