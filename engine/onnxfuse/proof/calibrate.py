@@ -1,8 +1,8 @@
 """Calibration: each fused op timed against the pattern it replaces, on this machine.
 
 The pairs come from the matches optimize makes in a model (their real shapes and
-constants; the inputs' symbolic dims bound by ``--dim`` or ``default_dim``, the shapes
-inside inferred from them) or, without a model,
+constants; the inputs' symbolic dims bound by ``--dim`` or ``default_dim``, the dims
+inference names inside by one traced run at those sizes) or, without a model,
 from an instance drawn from each rule's ``verify:`` domain. A pair is the matched
 subgraph as a model of its own, repeated so that one run lasts long enough to dwarf
 onnxruntime's per-run overhead (each copy with its own inputs, so that nothing merges
@@ -22,21 +22,26 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx import helper, numpy_helper
 
-from onnxfuse.errors import OnnxfuseError
+from onnxfuse.errors import ModelError, OnnxfuseError
 from onnxfuse.language.guards import constant_tensor
 from onnxfuse.language.rule import Rule
+from onnxfuse.passes.normalize import normalize
 from onnxfuse.passes.pipeline import Options, optimize
-from onnxfuse.planner.bindings import dim_name, graph_inputs
+from onnxfuse.planner.bindings import dim_name, graph_inputs, main_values
+from onnxfuse.planner.tensor_info import TensorInfo
+from onnxfuse.planner.trace import random_inputs, trace_values
 from onnxfuse.proof.check import find_firing_instance, unavailable_here
 from onnxfuse.proof.domain import VerifyError, parse_domain
 from onnxfuse.proof.instance import build_model, random_array
 from onnxfuse.rewrite.matcher import Match
+from onnxfuse.support.ir_types import value_name
 from onnxfuse.targets.capabilities import Target
 from onnxfuse.targets.cpu_features import cpu_flags, cpu_model
 from onnxfuse.targets.facts import dtype_name
@@ -114,7 +119,7 @@ def pairs_in_model(
     rules: list[Rule],
     wanted: set[str],
     target: Target,
-    dims: dict[str, int],
+    traced: Traced,
     label: str,
     known: set[tuple[str, int, tuple[tuple[str, str], ...]]],
     skipped: list[str],
@@ -135,7 +140,7 @@ def pairs_in_model(
             return
         known.add(key)
         try:
-            found.append(_pair(match, alternative, facts, model, dims, label))
+            found.append(_pair(match, alternative, facts, model, traced, label))
         except _NotMeasurable as exc:
             skipped.append(f"{rule.name}: not measured at {_facts_text(facts)}: {exc}")
 
@@ -147,18 +152,49 @@ def _facts_text(facts: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in facts.items())
 
 
-def bound_copy(model: ir.Model, given: dict[str, int]) -> tuple[ir.Model, dict[str, int]]:
-    """``model`` (rewritten in place) with its inputs' named dims bound by ``given`` or
-    ``default_dim``, the shapes inside left to be inferred again from them; and the
-    bindings."""
+@dataclass
+class Traced:
+    """What one run of a model at its bound input sizes says: a size for every dim name
+    (``unk__7`` too) and the values of its small integer tensors (shapes, indices),
+    which a match's inputs computed in the model then get."""
+
+    dims: dict[str, int]
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+# Integer tensors up to this many elements keep their traced values.
+_KEPT_VALUES = 64
+
+
+def traced_run(load: Callable[[], ir.Model], given: dict[str, int]) -> Traced:
+    """The dims and small integer values of the normalized model in one run: its
+    inputs' named dims by ``given`` or ``default_dim``, all else as the run gives."""
+    model = load()
     dims = {name: given.get(name, default_dim(name)) for name in input_dim_names(model)}
-    for value in graph_inputs(model):
-        if value.shape is not None:
-            value.shape = ir.Shape([_input_dim(d, dims) for d in value.shape])
-    for node in model.graph:
-        for output in node.outputs:
-            output.shape = None  # inferred again from the bound inputs
-    return model, dims
+    normalize(model)
+    inputs = [
+        (value_name(v), TensorInfo(v.dtype, tuple(_input_dim(d, dims) for d in v.shape)))
+        for v in graph_inputs(model)
+        if v.dtype is not None and v.shape is not None
+    ]
+    try:
+        traced = trace_values(model, random_inputs(model, inputs))
+    except ModelError:
+        return Traced(dims)  # the names inside stay unbound: their matches are not measured
+    for value in main_values(model.graph):
+        found = traced.get(value_name(value))
+        if found is None or value.shape is None or len(value.shape) != found.ndim:
+            continue
+        for dim, size in zip(value.shape, found.shape):
+            text = dim_name(dim)
+            if text is not None:
+                dims.setdefault(text, int(size))
+    small = {
+        name: array
+        for name, array in traced.items()
+        if array.dtype.kind in "iu" and array.size <= _KEPT_VALUES
+    }
+    return Traced(dims, small)
 
 
 def input_dim_names(model: ir.Model) -> list[str]:
@@ -174,13 +210,18 @@ def _input_dim(dim: int | ir.SymbolicDim, dims: dict[str, int]) -> int:
     return OTHER_DIM if text is None else dims[text]
 
 
-def _bind(value: ir.Value) -> list[int]:
-    """The static shape of ``value``; _NotMeasurable if inference left a dim open."""
+def _bind(value: ir.Value, dims: dict[str, int]) -> list[int]:
+    """The shape of ``value`` at ``dims``; _NotMeasurable if a dim stays open."""
     if value.shape is None:
-        raise _NotMeasurable(f"{value.name!r} has no known shape")
-    if not all(isinstance(d, int) and d >= 0 for d in value.shape):
-        raise _NotMeasurable(f"{value.name!r} has a dim the bound inputs do not fix")
-    return [int(d) for d in value.shape]  # type: ignore[arg-type]
+        raise _NotMeasurable(f"{value_name(value)!r} has no known shape")
+    out = []
+    for dim in value.shape:
+        text = dim_name(dim)
+        size = dim if isinstance(dim, int) else dims.get(text) if text is not None else None
+        if size is None or size < 0:
+            raise _NotMeasurable(f"{value_name(value)!r} has a dim the bound inputs do not fix")
+        out.append(size)
+    return out
 
 
 def _pair(
@@ -188,17 +229,23 @@ def _pair(
     alternative: int,
     facts: dict[str, str],
     model: ir.Model,
-    dims: dict[str, int],
+    traced: Traced,
     label: str,
 ) -> Pair:
-    """The matched nodes with their real constants; inputs and outputs at bound shapes."""
+    """The matched nodes with their real constants; inputs declared as in the model, fed
+    at the bound sizes: small integer tensors with their traced values, other integers
+    zeros (a valid index), floats random. A pattern whose guards relate a computed shape
+    to the model's symbolic dims may not fire on it: it is then reported not measured."""
+    dims = traced.dims
     graph = match.nodes[0].graph
     assert graph is not None
     order = {id(n): i for i, n in enumerate(graph)}
     nodes = sorted(match.nodes, key=lambda n: order.get(id(n), 0))
     inside = {id(o) for n in nodes for o in n.outputs}
     seen: set[int] = set()
-    inputs, initializers, infos = [], [], []
+    inputs: list[onnx.ValueInfoProto] = []
+    infos: list[onnx.ValueInfoProto] = []
+    initializers: list[onnx.TensorProto] = []
     feeds: dict[str, np.ndarray] = {}
     rng = np.random.default_rng(0)
     ir_version = model.ir_version or 10
@@ -207,42 +254,57 @@ def _pair(
             if value is None or id(value) in inside or id(value) in seen:
                 continue
             seen.add(id(value))
+            name = value_name(value)
             constant = constant_tensor(value, ir_version)
             if constant is not None:
-                initializers.append(numpy_helper.from_array(constant.numpy(), value.name))
+                initializers.append(numpy_helper.from_array(constant.numpy(), name))
                 continue
-            shape, dtype = _bind(value), dtype_name(value.dtype)
-            if dtype is None:
-                raise _NotMeasurable(f"{value.name!r} has no known element type")
-            inputs.append(helper.make_tensor_value_info(value.name, value.dtype, shape))
-            # Integers are zeros: always a valid index or count.
-            feeds[value.name] = random_array(rng, dtype, tuple(shape), (0, 0), frozenset())
+            shape, dtype = _bind(value, dims), dtype_name(value.dtype)
+            if dtype is None or value.dtype is None:
+                raise _NotMeasurable(f"{name!r} has no known element type")
+            kept = traced.values.get(name)
+            # Declared as in the model, fed at the bound sizes: the pair normalizes as the
+            # model did (a static shape would fold the shape computations of a match).
+            inputs.append(helper.make_tensor_value_info(name, int(value.dtype), _declared(value)))
+            if kept is not None and list(kept.shape) == shape:
+                feeds[name] = kept
+            else:
+                feeds[name] = random_array(rng, dtype, tuple(shape), (0, 0), frozenset())
     for node in nodes:
         for output in node.outputs:
-            if output.type is not None and output.shape is not None:
-                try:
-                    shape = _bind(output)
-                except _NotMeasurable:
-                    continue
-                infos.append(helper.make_tensor_value_info(output.name, output.dtype, shape))
+            if output.dtype is not None and output.shape is not None:
+                infos.append(
+                    helper.make_tensor_value_info(
+                        value_name(output), int(output.dtype), _declared(output)
+                    )
+                )
     outputs = []
     for output in match.outputs:
-        known = next((v for v in infos if v.name == output.name), None)
-        outputs.append(known or helper.make_value_info(output.name, onnx.TypeProto()))
+        known = next((v for v in infos if v.name == value_name(output)), None)
+        outputs.append(known or helper.make_value_info(value_name(output), onnx.TypeProto()))
     protos = [ir.serde.serialize_node(n) for n in nodes]
-    shapes = {str(_dims_of(v)) for v in inputs}
-    at = ", ".join(sorted(shapes, key=len, reverse=True)) or "constants only"
+    shapes = {str(list(array.shape)) for array in feeds.values()}
+    at = ", ".join(sorted(shapes, key=lambda s: (-len(s), s))) or "constants only"
     built = helper.make_model(
         helper.make_graph(protos, f"calibrate-{match.rule.name}", inputs, outputs, initializers),
         opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(model.opset_imports.items())],
         ir_version=ir_version,
     )
     built.graph.value_info.extend(v for v in infos if v.name not in {o.name for o in outputs})
-    return Pair(match.rule, alternative, facts, at, dict(dims), label, built, feeds)
+    named = [
+        text
+        for v in match.values.values()
+        if v is not None and v.shape is not None
+        for d in v.shape
+        if (text := dim_name(d)) is not None and text in dims
+    ]
+    used = {text: dims[text] for text in sorted(set(named))}
+    return Pair(match.rule, alternative, facts, at, used, label, built, feeds)
 
 
-def _dims_of(info: onnx.ValueInfoProto) -> list[int]:
-    return [d.dim_value for d in info.type.tensor_type.shape.dim]
+def _declared(value: ir.Value) -> list[int | str | None]:
+    assert value.shape is not None
+    return [d if isinstance(d, int) else dim_name(d) for d in value.shape]
 
 
 # -- pairs from verification domains ------------------------------------------------------
@@ -267,8 +329,11 @@ def pairs_from_domains(
         if instance is None:
             skipped.append(f"{rule.name}: not measured: no instance of its domain fires")
             continue
-        model, dims = bound_copy(ir.from_proto(build_model(instance.spec)), {})
-        found += pairs_in_model(model, [rule], {rule.name}, target, dims, "", known, skipped)
+        proto = build_model(instance.spec)
+        traced = traced_run(partial(ir.from_proto, proto), {})
+        found += pairs_in_model(
+            ir.from_proto(proto), [rule], {rule.name}, target, traced, "", known, skipped
+        )
     return found
 
 
@@ -284,7 +349,10 @@ def _repeated(model: onnx.ModelProto, copies: int) -> onnx.ModelProto:
     def name(text: str, k: int) -> str:
         return text if not text or text in shared else f"{text}__{k}"
 
-    nodes, inputs, outputs, infos = [], [], [], []
+    nodes: list[onnx.NodeProto] = []
+    inputs: list[onnx.ValueInfoProto] = []
+    outputs: list[onnx.ValueInfoProto] = []
+    infos: list[onnx.ValueInfoProto] = []
     for k in range(copies):
         for node in graph.node:
             copy = onnx.NodeProto()
@@ -481,10 +549,10 @@ def calibrate(
         measure_all(pairs_from_domains(chosen, target, known, skipped))
         return profile, skipped
     for label, load in models:
+        traced = traced_run(load, dims)
         for _ in range(MAX_ROUNDS):
             under = target.with_params({**target.params, "profile": profile})
-            model, bound = bound_copy(load(), dims)
-            pairs = pairs_in_model(model, rules, wanted, under, bound, label, known, skipped)
+            pairs = pairs_in_model(load(), rules, wanted, under, traced, label, known, skipped)
             if not pairs:
                 break
             measure_all(pairs)
