@@ -45,7 +45,7 @@ from onnxfuse.support.ir_types import value_name
 from onnxfuse.targets.capabilities import Target
 from onnxfuse.targets.cpu_features import cpu_flags, cpu_model
 from onnxfuse.targets.facts import dtype_name
-from onnxfuse.targets.profile import Measurement, Profile, match_facts, now
+from onnxfuse.targets.profile import Measurement, Profile, match_facts, now, value_spelling
 
 # A named dim no --dim binds: batch-like names 1 (one request), any other a typical
 # sequence length or image side.
@@ -99,6 +99,20 @@ class Pair:
     model: str
     source: onnx.ModelProto
     feeds: dict[str, np.ndarray]
+    # Other matches at the same sizes (another layer): their facts and dims.
+    aliases: list[tuple[dict[str, str], dict[str, int]]] = field(default_factory=list)
+    measured: Measurement | None = None
+    emitted: int = 0  # aliases already in the profile
+
+
+@dataclass
+class Known:
+    """The matches seen so far: by their facts as spelled, and by the sizes they run at
+    (a model's layers spell the same sizes with other dim names: one measurement, made
+    once, stands for all of them, so that every layer gets the same verdict)."""
+
+    spelled: set[tuple[str, int, tuple[tuple[str, str], ...]]] = field(default_factory=set)
+    by_size: dict[tuple[str, int, tuple[tuple[str, str], ...]], Pair] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,7 +135,7 @@ def pairs_in_model(
     target: Target,
     traced: Traced,
     label: str,
-    known: set[tuple[str, int, tuple[tuple[str, str], ...]]],
+    known: Known,
     skipped: list[str],
 ) -> list[Pair]:
     """The pairs of the matches of the ``wanted`` rules that optimize with ``rules``
@@ -136,16 +150,46 @@ def pairs_in_model(
         alternative = next(i for i, s in enumerate(rule.sources) if s is match.source)
         facts = match_facts(match.values, match.source.input_names())
         key = (rule.name, alternative, tuple(sorted(facts.items())))
-        if key in known:
+        if key in known.spelled:
             return
-        known.add(key)
+        known.spelled.add(key)
+        sized = {k: _sized(match.values.get(k), traced.dims) for k in facts}
+        size_key = (rule.name, alternative, tuple(sorted(sized.items())))
+        same = known.by_size.get(size_key)
+        if same is not None:
+            same.aliases.append((facts, _used_dims(match, traced.dims)))
+            return
         try:
-            found.append(_pair(match, alternative, facts, model, traced, label))
+            pair = _pair(match, alternative, facts, model, traced, label)
+            known.by_size[size_key] = pair
+            found.append(pair)
         except _NotMeasurable as exc:
             skipped.append(f"{rule.name}: not measured at {_facts_text(facts)}: {exc}")
 
     optimize(model, rules, Options(target=target, observe=observe))
     return found
+
+
+def _sized(value: ir.Value | None, dims: dict[str, int]) -> str:
+    """A value's spelling at the bound sizes (``float[2,32,768]``)."""
+    if value is None or value.dtype is None:
+        return value_spelling(value)
+    try:
+        return f"{dtype_name(value.dtype)}{_bind(value, dims)}".replace(" ", "")
+    except _NotMeasurable:
+        return value_spelling(value)
+
+
+def _used_dims(match: Match, dims: dict[str, int]) -> dict[str, int]:
+    """The bound dims the match's inputs are spelled with."""
+    named = [
+        text
+        for v in match.values.values()
+        if v is not None and v.shape is not None
+        for d in v.shape
+        if (text := dim_name(d)) is not None and text in dims
+    ]
+    return {text: dims[text] for text in sorted(set(named))}
 
 
 def _facts_text(facts: dict[str, str]) -> str:
@@ -166,7 +210,7 @@ class Traced:
 _KEPT_VALUES = 64
 
 
-def traced_run(load: Callable[[], ir.Model], given: dict[str, int]) -> Traced:
+def traced_run(load: Callable[[], ir.Model], given: dict[str, int], label: str = "") -> Traced:
     """The dims and small integer values of the normalized model in one run: its
     inputs' named dims by ``given`` or ``default_dim``, all else as the run gives."""
     model = load()
@@ -179,8 +223,11 @@ def traced_run(load: Callable[[], ir.Model], given: dict[str, int]) -> Traced:
     ]
     try:
         traced = trace_values(model, random_inputs(model, inputs))
-    except ModelError:
-        return Traced(dims)  # the names inside stay unbound: their matches are not measured
+    except ModelError as exc:
+        bound = ", ".join(f"{k}={v}" for k, v in dims.items()) or "its static shapes"
+        raise OnnxfuseError(
+            f"{label or 'the model'} does not run at {bound} (--dim binds them): {exc}"
+        ) from None
     for value in main_values(model.graph):
         found = traced.get(value_name(value))
         if found is None or value.shape is None or len(value.shape) != found.ndim:
@@ -291,14 +338,7 @@ def _pair(
         ir_version=ir_version,
     )
     built.graph.value_info.extend(v for v in infos if v.name not in {o.name for o in outputs})
-    named = [
-        text
-        for v in match.values.values()
-        if v is not None and v.shape is not None
-        for d in v.shape
-        if (text := dim_name(d)) is not None and text in dims
-    ]
-    used = {text: dims[text] for text in sorted(set(named))}
+    used = _used_dims(match, dims)
     return Pair(match.rule, alternative, facts, at, used, label, built, feeds)
 
 
@@ -311,7 +351,7 @@ def _declared(value: ir.Value) -> list[int | str | None]:
 
 
 def pairs_from_domains(
-    rules: list[Rule], target: Target, known: set, skipped: list[str]
+    rules: list[Rule], target: Target, known: Known, skipped: list[str]
 ) -> list[Pair]:
     """One pair per rule, from an instance of its ``verify:`` domain that fires."""
     found: list[Pair] = []
@@ -530,30 +570,39 @@ def calibrate(
             "warmup": settings.warmup,
         },
     )
-    known: set = set()
+    known = Known()
     skipped: list[str] = []
 
     def measure_all(pairs: list[Pair]) -> None:
         for pair in pairs:
             try:
-                measured = measure(pair, target, provider, settings)
+                pair.measured = measure(pair, target, provider, settings)
             except _NotMeasurable as exc:
                 skipped.append(f"{pair.rule.name}: not measured at {pair.at}: {exc}")
                 continue
-            profile.measurements.append(measured)
+            profile.measurements.append(pair.measured)
             if progress is not None:
-                progress(f"{measured.rule}: {measured.verdict()}")
+                progress(f"{pair.rule.name}: {pair.measured.verdict()}")
+
+    def add_aliases() -> None:
+        for pair in known.by_size.values():
+            if pair.measured is None:
+                continue
+            for facts, used in pair.aliases[pair.emitted :]:
+                profile.measurements.append(replace(pair.measured, inputs=facts, dims=used))
+            pair.emitted = len(pair.aliases)
 
     if not models:
         chosen = [r for r in rules if r.name in wanted]
         measure_all(pairs_from_domains(chosen, target, known, skipped))
         return profile, skipped
     for label, load in models:
-        traced = traced_run(load, dims)
+        traced = traced_run(load, dims, label)
         for _ in range(MAX_ROUNDS):
             under = target.with_params({**target.params, "profile": profile})
             pairs = pairs_in_model(load(), rules, wanted, under, traced, label, known, skipped)
+            measure_all(pairs)
+            add_aliases()
             if not pairs:
                 break
-            measure_all(pairs)
     return profile, skipped
