@@ -60,6 +60,7 @@ def test_a_profile_round_trips(tmp_path):
                 34.7,
                 dims={"batch": 2},
                 model="bert.onnx",
+                paired_ratio=1.9,
             )
         ],
         provider="CPUExecutionProvider",
@@ -79,7 +80,8 @@ def test_a_profile_round_trips(tmp_path):
         "1.32.0",
         "2026-12-02T02:00:00Z",
     )
-    assert loaded.measurements[0].ratio == pytest.approx(34.7 / 17.9)
+    assert loaded.measurements[0].ratio == 1.9  # the rounds' median, as measured
+    assert measured(3.7).ratio == pytest.approx(3.7)  # without one: fused over unfused
 
 
 def test_a_match_is_decided_by_its_own_facts_then_by_compatible_ones():

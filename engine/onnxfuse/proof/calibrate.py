@@ -8,7 +8,8 @@ subgraph as a model of its own, repeated so that one run lasts long enough to dw
 onnxruntime's per-run overhead (each copy with its own inputs, so that nothing merges
 them), normalized as optimize normalizes, then optimized with the rule alone: the same
 model before and after. Both run in onnxruntime with the target's provider, warmed up,
-then in alternating rounds; the medians give the ratio a ``Profile`` records.
+then in alternating rounds; the median of the rounds' ratios is what a ``Profile``
+records.
 
 Skipping a rule measured slower can expose a rule of lower priority at the same place:
 calibrating a model repeats until its run under the profile makes no unmeasured match.
@@ -456,9 +457,11 @@ def _run_seconds(session, feeds: dict[str, np.ndarray]) -> float:
     return time.perf_counter() - started
 
 
-def _alternating(sessions: list, feeds: dict[str, np.ndarray], settings: Settings) -> list[float]:
-    """The median run time of each session: warm-up, then rounds, each starting with
-    the other session (a session's place in a round biases it)."""
+def _alternating(
+    sessions: list, feeds: dict[str, np.ndarray], settings: Settings
+) -> list[list[float]]:
+    """Each session's run times: warm-up, then rounds of one run each, every other round
+    starting with the other session (a session's place in a round biases it)."""
     for _ in range(settings.warmup):
         for session in sessions:
             session.run(None, feeds)
@@ -467,7 +470,7 @@ def _alternating(sessions: list, feeds: dict[str, np.ndarray], settings: Setting
         order = range(len(sessions)) if index % 2 == 0 else reversed(range(len(sessions)))
         for which in order:
             times[which].append(_run_seconds(sessions[which], feeds))
-    return [statistics.median(t) for t in times]
+    return times
 
 
 def measure(pair: Pair, target: Target, provider: str, settings: Settings) -> Measurement:
@@ -481,14 +484,14 @@ def measure(pair: Pair, target: Target, provider: str, settings: Settings) -> Me
         raise _NotMeasurable(f"onnxruntime cannot run the pattern: {_first(exc)}") from None
     copies = max(1, min(MAX_COPIES, math.ceil(RUN_SECONDS / max(once, 1e-7))))
     source = _repeated(pair.source, copies)
-    _, unfused = _optimized(source, [], unprofiled)
-    applied, fused = _optimized(source, [pair.rule], unprofiled)
+    _, unfused_model = _optimized(source, [], unprofiled)
+    applied, fused_model = _optimized(source, [pair.rule], unprofiled)
     if applied != copies:
         raise _NotMeasurable(f"the rule fired {applied} times on {copies} copies of its match")
     feeds = _feeds(pair, copies)
     try:
-        sessions = [_session(unfused, provider, settings), _session(fused, provider, settings)]
-        unfused_s, fused_s = _alternating(sessions, feeds, settings)
+        sessions = [_session(m, provider, settings) for m in (unfused_model, fused_model)]
+        unfused, fused = _alternating(sessions, feeds, settings)
     except Exception as exc:
         raise _NotMeasurable(f"onnxruntime cannot run it: {_first(exc)}") from None
     return Measurement(
@@ -496,10 +499,11 @@ def measure(pair: Pair, target: Target, provider: str, settings: Settings) -> Me
         alternative=pair.alternative,
         inputs=pair.facts,
         at=pair.at,
-        unfused_us=unfused_s / copies * 1e6,
-        fused_us=fused_s / copies * 1e6,
+        unfused_us=statistics.median(unfused) / copies * 1e6,
+        fused_us=statistics.median(fused) / copies * 1e6,
         dims=pair.dims,
         model=pair.model,
+        paired_ratio=statistics.median(f / u for f, u in zip(fused, unfused)),
     )
 
 

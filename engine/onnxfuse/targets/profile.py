@@ -85,9 +85,14 @@ class Measurement:
     fused_us: float
     dims: dict[str, int] = field(default_factory=dict)  # the symbolic dims as bound
     model: str = ""  # the model it was measured in ("" : drawn from the verify domain)
+    # The median of the rounds' own ratios (each round times both, one after the other:
+    # steadier than the ratio of the medians when the machine's load drifts).
+    paired_ratio: float | None = None
 
     @property
     def ratio(self) -> float:
+        if self.paired_ratio is not None:
+            return self.paired_ratio
         return self.fused_us / self.unfused_us
 
     @property
@@ -257,14 +262,15 @@ def _measurement(entry: Any, line: int, path: Path) -> Measurement:
     if not isinstance(dims, dict) or not all(_integer(v) for v in dims.values()):
         raise bad("dims", "a mapping of dim names to integers")
     times = {}
-    for key in ("unfused_us", "fused_us"):
+    for key in ("unfused_us", "fused_us", "ratio"):
+        if key not in entry:
+            continue
         value = entry[key]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-            raise bad(key, "a positive number of microseconds")
+            raise bad(key, "a positive number")
         if not math.isfinite(value):
             raise bad(key, "a finite number")
         times[key] = float(value)
-    # `ratio` is written for people; it is recomputed from the times, never trusted.
     return Measurement(
         rule=rule,
         alternative=alternative,
@@ -274,6 +280,7 @@ def _measurement(entry: Any, line: int, path: Path) -> Measurement:
         fused_us=times["fused_us"],
         dims={str(k): int(v) for k, v in dims.items()},
         model=str(entry.get("model", "")),
+        paired_ratio=times.get("ratio"),
     )
 
 
