@@ -73,7 +73,6 @@ _SIMD_FLAGS = (
     "amx_tile",
     "asimd",
 )
-LEVELS = ("disable", "basic", "extended", "all")
 
 
 def default_dim(name: str) -> int:
@@ -114,12 +113,6 @@ class Known:
 
     spelled: set[tuple[str, int, tuple[tuple[str, str], ...]]] = field(default_factory=set)
     by_size: dict[tuple[str, int, tuple[tuple[str, str], ...]], Pair] = field(default_factory=dict)
-
-
-@dataclass
-class Outcome:
-    measurements: list[Measurement] = field(default_factory=list)
-    not_measured: list[str] = field(default_factory=list)  # one line each: rule, why
 
 
 class _NotMeasurable(Exception):

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.targets.cpu_features import detect_block_size
-from onnxfuse.targets.profile import Profile, load_profile
+
+if TYPE_CHECKING:
+    from onnxfuse.targets.profile import Profile
 
 # Metadata key recording the block size a rewritten model assumes.
 BLOCK_SIZE_METADATA = "onnxfuse.nchwc_block_size"
@@ -41,6 +43,8 @@ def _block(text: str) -> int | None:
 
 
 def _profile(text: str) -> Profile:
+    from onnxfuse.targets.profile import load_profile  # read only when one is given
+
     if not text:
         raise ValueError("the path of a profile written by `onnxfuse targets calibrate`")
     return load_profile(text)
@@ -109,7 +113,7 @@ def parse_params(target_name: str, spec: str) -> dict[str, Any]:
             value = parser(raw.strip())
         except ValueError as exc:
             raise OnnxfuseError(f"target parameter {key}={raw!r}: expected {exc}") from None
-        if isinstance(value, Profile) and value.target != target_name:
+        if key == "profile" and value.target != target_name:
             raise OnnxfuseError(
                 f"{value.path}: the profile is for target '{value.target}', not '{target_name}'"
             )
