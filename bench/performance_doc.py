@@ -395,8 +395,9 @@ def fusions_section(fusions: dict) -> list[str]:
         "## Fusions slower than what they replace (bench/fusion_speed.py)",
         "",
         "`onnxfuse targets calibrate cpu MODEL` (1 thread, ORT_DISABLE_ALL, each match",
-        "timed against its pattern, alternating, median; docs/targets.md) at the feeds'",
-        "sizes. Ratio fused / unfused, above 1.05 slower; one row per rule and size:",
+        "timed against its pattern in alternating rounds; docs/targets.md) at the feeds'",
+        "sizes: median times, and the ratio fused / unfused as the median of the rounds'",
+        "ratios (above 1.05: slower); one row per rule and size:",
         "",
     ]
     for row in rows[:1]:
@@ -432,24 +433,36 @@ def fusions_section(fusions: dict) -> list[str]:
         out.append(f"| {row['model']} | {' | '.join(cells)} | {counts} |")
     skip_ratios = [
         m["ratio"]
-        for row in rows
+        for row in rows[:1]
         for m in row["calibrated"]
         if m["rule"].startswith("ort-skip-layer-norm") and "fold-bias" not in m["rule"]
     ]
-    slowest = max(r["ratio"]["cpu"] for r in rows)
+    worst = max(rows, key=lambda r: r["ratio"]["cpu"])
+    slowest = worst["ratio"]["cpu"]
+    gap = (
+        [
+            f"The gap on {worst['model']} is not SkipLayerNormalization's: plain `cpu` creates",
+            f"{worst['skip_layer_norm']['cpu']} there; it is open (the other fusions, measured "
+            "one by one, each",
+            "leave part of it: an issue of its own).",
+        ]
+        if slowest > 1.02
+        else []
+    )
     out += [
         "",
         "What plain `cpu` does: it creates no SkipLayerNormalization (its rules carry",
         "`needs_profile: [cpu]`, docs/rules.md). The kernel measured"
         + (f" {min(skip_ratios):.1f}-{max(skip_ratios):.1f}x" if skip_ratios else "")
-        + " the time of the",
-        "Add + LayerNormalization it replaces above, and at ORT_ENABLE_ALL onnxruntime fuses",
+        + f" the time of the Add + LayerNormalization it replaces on {rows[0]['model']},",
+        "and at ORT_ENABLE_ALL onnxruntime fuses",
         "Add + LayerNormalization itself where its own pattern matches: leaving them apart",
         "costs nothing against the original at ORT_ENABLE_ALL, which has them apart too.",
         f"Plain `cpu` is at most x{slowest:.3f} the original's latency here. Where the kernel",
         "is faster, a profile calibrated there (`--target cpu:profile=FILE`) fuses again. No",
         "profile ships: one measured on this CPU family says nothing of another, and plain",
         "`cpu` stays portable.",
+        *gap,
         "",
     ]
     return out
