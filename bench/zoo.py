@@ -5,11 +5,12 @@
 The models are the ONNX files other projects ship in their PyPI wheels and npm packages
 (tests/zoo/manifest.yaml, fetched and cached by tests/zoo/fetch.py). Each tool runs on
 each model as tests/exports/anchors.py runs it (onnxfuse: every built-in pack, --target
-cpu; onnxruntime: ORT_ENABLE_EXTENDED; onnxscript: optimizer then ORT fusions; onnxslim:
-`onnxslim.slim`), and for each result: its node count (subgraphs included), its file size,
-the worst output error on the manifest's inputs as a multiple of the tolerance (<= 1:
-equal), and the tool's wall time, file to file. tests/zoo/test_zoo.py asserts the same
-comparison; the reasons it lists for each gap are printed under the tables.
+cpu, every fusion; onnxruntime: ORT_ENABLE_EXTENDED; onnxscript: optimizer then ORT
+fusions; onnxslim: `onnxslim.slim`), and for each result: its node count (subgraphs
+included), its file size, the worst output error on the manifest's inputs as a multiple
+of the tolerance (<= 1: equal), and the tool's wall time, file to file.
+tests/zoo/test_zoo.py asserts the same comparison; the reasons it lists for each gap are
+printed under the tables.
 
 `--markdown` writes the tables to docs/zoo.md (or FILE) with the command and date on top.
 """
@@ -210,7 +211,8 @@ def markdown(command: str, rows: list[dict]) -> str:
         "The models are the ONNX files of PyPI wheels and npm packages listed in",
         "[`tests/zoo/manifest.yaml`](../tests/zoo/manifest.yaml); where each comes from and its",
         "licence: [`tests/zoo/README.md`](../tests/zoo/README.md). Every tool runs on the same",
-        "file in the same process: onnxfuse with every built-in pack and `--target cpu`,",
+        "file in the same process: onnxfuse with every built-in pack and `--target cpu`",
+        "(every fusion: also those plain `cpu` leaves to a target profile),",
         "onnxruntime's session optimizer at ORT_ENABLE_EXTENDED (`ORT ext`), onnxscript's",
         "optimizer and ORT fusions, and `onnxslim.slim`.",
         "",

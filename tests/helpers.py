@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
-from onnx import helper
+from onnx import helper, numpy_helper
 
 # onnx's helpers default to an opset/IR onnxruntime cannot load: always pin them.
 OPSET = 17
@@ -140,3 +140,22 @@ rules:
         Y = Relu(X)
       }}
 """
+
+
+def residual_norm(shape=(2, 16, 128)) -> onnx.ModelProto:
+    """Add(x, skip) then LayerNormalization: what ort-skip-layer-norm fuses."""
+    shape = list(shape)
+    hidden = shape[-1]
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(hidden).astype(np.float32), name)
+        for name in ("gamma", "beta")
+    ]
+    nodes = [
+        helper.make_node("Add", ["x", "skip"], ["sum"], name="residual"),
+        helper.make_node(
+            "LayerNormalization", ["sum", "gamma", "beta"], ["y"], name="norm", axis=-1
+        ),
+    ]
+    inputs = [tensor_input("x", shape), tensor_input("skip", shape)]
+    return make_model(nodes, inputs, [tensor_input("y", shape)], inits, opset=17)

@@ -81,7 +81,9 @@ def _exact(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("skip", [False, True], ids=["layer-norm", "skip-layer-norm"])
 def test_fused_layer_norm_accuracy_on_offset_data(skip):
     original, gamma, beta = _decomposed(skip)
-    _, fused = optimize_proto(original, select_rules(), target=load_target("cpu"))
+    _, fused = optimize_proto(
+        original, select_rules(), target=load_target("cpu"), gate_by_profile=False
+    )
     expected_op = "SkipLayerNormalization" if skip else "LayerNormalization"
     assert expected_op in op_types(fused)
     rng = np.random.default_rng(11)

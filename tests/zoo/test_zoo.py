@@ -2,7 +2,7 @@
 their PyPI wheels and npm packages (tests/zoo/manifest.yaml; README.md beside it says
 where each comes from and under which licence).
 
-For every model, onnxfuse (every built-in pack, --target cpu) and the peers run in the
+For every model, onnxfuse (every built-in pack, --target cpu, every fusion) and the peers run in the
 same process on the same file: onnxruntime's session optimizer (ORT_ENABLE_EXTENDED),
 onnxscript (optimizer, then its ORT fusions) and onnxslim. Asserted per model:
 

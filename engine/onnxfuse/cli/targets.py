@@ -33,6 +33,133 @@ def add_targets_command(sub: Any) -> None:
     add_rule_options(covered)
     covered.add_argument("--json", metavar="FILE", help="also write both coverages as JSON")
     covered.set_defaults(handler=_run_coverage)
+    add_calibrate_command(targets_sub)
+
+
+def add_calibrate_command(targets_sub: Any) -> None:
+    from onnxfuse.cli.arguments import positive_int
+
+    calibrate = targets_sub.add_parser(
+        "calibrate",
+        help="time each fused op against the pattern it replaces, on this machine; write "
+        "a target profile",
+    )
+    calibrate.add_argument("target", help="a built-in target name or a capability file")
+    calibrate.add_argument(
+        "models",
+        nargs="*",
+        metavar="MODEL",
+        help="models whose matches to time, at their shapes (none: shapes drawn from each "
+        "rule's verify: domain)",
+    )
+    calibrate.add_argument("-o", "--output", help="the profile to write (default: stdout)")
+    calibrate.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="bind a symbolic dim of the models' inputs (default: 1 for a name holding "
+        "'batch', 128 for any other)",
+    )
+    calibrate.add_argument(
+        "--rule",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="time this rule (repeatable; default: every rule creating a fused op, one "
+        "outside ONNX's domains)",
+    )
+    calibrate.add_argument(
+        "--rules",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="extra rule file or pack folder (repeatable)",
+    )
+    calibrate.add_argument(
+        "--no-builtin", action="store_true", help="do not load the built-in rule packs"
+    )
+    calibrate.add_argument(
+        "--runs",
+        type=positive_int,
+        default=30,
+        help="alternating timed rounds per match (default 30)",
+    )
+    calibrate.add_argument(
+        "--warmup",
+        type=positive_int,
+        default=3,
+        help="untimed runs of each model first (default 3)",
+    )
+    calibrate.add_argument(
+        "--threads", type=positive_int, default=1, help="onnxruntime intra-op threads (default 1)"
+    )
+    calibrate.add_argument(
+        "--level",
+        choices=("disable", "basic", "extended", "all"),
+        default="disable",
+        help="onnxruntime's graph optimization level while timing (default disable: "
+        "the fused op against the very pattern it replaces)",
+    )
+    calibrate.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    calibrate.set_defaults(handler=_run_calibrate)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from onnxfuse import api
+    from onnxfuse.cli.plan import parse_dims
+    from onnxfuse.files.model_io import load_model
+    from onnxfuse.files.output_paths import check_output, write_text
+    from onnxfuse.proof.calibrate import Settings, calibrate, fused_op_rules, input_dim_names
+    from onnxfuse.targets.profile import dump_profile
+
+    target = load_target(args.target)
+    if "profile" in target.params:
+        raise OnnxfuseError("targets calibrate writes a profile: give the target without one")
+    rules = api.select_rules(args.rules, None, builtin=not args.no_builtin, target=target)
+    names = {r.name for r in rules}
+    unknown = [name for name in args.rule if name not in names]
+    if unknown:
+        raise OnnxfuseError(f"--rule: no rule named {', '.join(unknown)} for '{target.name}'")
+    wanted = set(args.rule) or {r.name for r in fused_op_rules(rules)}
+    dims = parse_dims(args.dim)
+    if args.output is not None:
+        check_output(args.output)
+    models, names = [], set()
+    for path in args.models:
+        names.update(input_dim_names(load_model(path)))  # a bad model: one line, now
+        models.append((Path(path).name, lambda path=path: load_model(path)))
+    unknown = sorted(set(dims) - names)
+    if unknown:
+        listed = ", ".join(sorted(names)) or "none"
+        raise OnnxfuseError(
+            f"--dim {unknown[0]}: not a dim of the models' inputs (they have: {listed})"
+        )
+    settings = Settings(args.runs, args.warmup, args.threads, args.level)
+
+    def progress(line: str) -> None:
+        print(f"onnxfuse: {line}", file=sys.stderr, flush=True)
+
+    profile, not_measured = calibrate(
+        target, rules, wanted, models, dims, settings, None if args.quiet else progress
+    )
+    for line in not_measured:
+        print(f"onnxfuse: {line}", file=sys.stderr)
+    text = dump_profile(profile)
+    if args.output is None:
+        print(text, end="")
+    else:
+        write_text(args.output, text)
+        if not args.quiet:
+            slower = sum(m.slower for m in profile.measurements)
+            print(
+                f"{len(profile.measurements)} measurements ({slower} slower) written to "
+                f"{args.output}"
+            )
+    return 0
 
 
 def _run_list(args: argparse.Namespace) -> int:

@@ -50,6 +50,9 @@ class Rule:
     verify: dict[str, Any] = field(default_factory=dict)
     copy_attributes: dict[str, str] = field(default_factory=dict)
     keep: frozenset[str] = frozenset()
+    # Targets on which the rule fires only where a target profile measured it no slower
+    # than what it replaces (its op is slower on some machines of that target).
+    needs_profile: frozenset[str] = frozenset()
     pack: str = ""
     origin: str = ""
     phase: str = PHASES[0]  # set from the pack manifest's `phase`

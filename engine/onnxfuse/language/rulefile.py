@@ -36,6 +36,8 @@ RULE_KEYS = {
     "commutative": "extra ops whose inputs match in any order",
     "copy_attributes": "source value -> replacement value: copy all attributes of its node",
     "keep": "intermediates that may have uses outside the match; their nodes stay for them",
+    "needs_profile": "targets on which the rule fires only where a target profile "
+    "(onnxfuse targets calibrate) measured it no slower than what it replaces",
     "opset": "model opset range per domain where the rule applies",
     "imports": "opset version to import for domains the replacement adds",
     "tolerance": "relative tolerance for matching constants",
@@ -209,6 +211,7 @@ def rule_from_entry(
         verify=verify,
         copy_attributes=_string_map(entry, "copy_attributes"),
         keep=frozenset(_string_list(entry, "keep")),
+        needs_profile=frozenset(_string_list(entry, "needs_profile")),
         pack=pack,
         origin=origin,
         **family_keys,

@@ -28,6 +28,7 @@ from onnxfuse.passes.rewrite import FoldPass, RewritePass
 from onnxfuse.passes.state import RunState
 from onnxfuse.rewrite.apply import strip_provenance
 from onnxfuse.rewrite.driver import DEFAULT_MAX_ITERATIONS, Limits, MatcherCache
+from onnxfuse.rewrite.matcher import Match
 from onnxfuse.rewrite.report import REPAIRS_META, Report, RuleStats
 from onnxfuse.targets.capabilities import Target
 
@@ -45,9 +46,20 @@ class Options:
     # Each created node names its rule and the nodes it replaced (rewrite.apply).
     provenance: bool = True
     trace: bool = False  # keep each rewrite in the report's ``trace``
+    # Called with each match about to be rewritten (``targets calibrate`` collects them).
+    observe: Callable[[Match], None] | None = None
+    # False: rewrites fire whatever the target's profile says or lacks (Limits).
+    gate_by_profile: bool = True
 
     def limits(self) -> Limits:
-        return Limits(self.target, self.max_iterations, self.max_rewrites, self.progress)
+        return Limits(
+            self.target,
+            self.max_iterations,
+            self.max_rewrites,
+            self.progress,
+            self.observe,
+            self.gate_by_profile,
+        )
 
 
 def check_dequantize(target: Target | None) -> None:

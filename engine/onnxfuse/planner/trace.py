@@ -47,6 +47,14 @@ def random_inputs(
 
 def trace_shapes(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> dict[str, TensorInfo]:
     """The dtype and shape of every tensor of the main graph in one run on ``feeds``."""
+    return {
+        name: TensorInfo(ir.DataType.from_numpy(result.dtype), result.shape)
+        for name, result in trace_values(model, feeds).items()
+    }
+
+
+def trace_values(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every tensor of the main graph in one run on ``feeds``, by name."""
     proto = ir.to_proto(model)
     graph = proto.graph
     listed = {o.name for o in graph.output} | {i.name for i in graph.input}
@@ -70,9 +78,9 @@ def trace_shapes(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> dict[str, 
     except Exception as exc:  # onnxruntime raises several unrelated types
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"onnxruntime cannot run the model to trace its shapes: {first}") from None
-    traced = {}
-    for name, result in zip(names, results, strict=True):
-        # Sequences, maps and strings have no size before they are computed: not planned.
-        if isinstance(result, np.ndarray) and result.dtype != np.object_:
-            traced[name] = TensorInfo(ir.DataType.from_numpy(result.dtype), result.shape)
-    return traced
+    # Sequences, maps and strings have no size before they are computed: not planned.
+    return {
+        name: result
+        for name, result in zip(names, results, strict=True)
+        if isinstance(result, np.ndarray) and result.dtype != np.object_
+    }

@@ -31,6 +31,7 @@ from onnxfuse.rewrite.conditions import RuleMatcher
 from onnxfuse.rewrite.matcher import Match, ModelContext, StructureMemo
 from onnxfuse.rewrite.report import Report, StopKind, StopReason, TraceStep
 from onnxfuse.targets.capabilities import Target
+from onnxfuse.targets.profile import Profile, match_facts
 
 DEFAULT_MAX_ITERATIONS = 10
 
@@ -43,6 +44,11 @@ class Limits:
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     max_rewrites: int | None = None  # default: 5 per node of the input, at least 1,000
     progress: Callable[[str], None] | None = None
+    # Called with each match about to be rewritten (calibration collects them there).
+    observe: Callable[[Match], None] | None = None
+    # False: rules fire whatever the target's profile says or lacks (the proofs check
+    # numerics, calibration times the rules a profile would skip).
+    gate_by_profile: bool = True
 
 
 def order_rules(rules: list[Rule]) -> list[Rule]:
@@ -215,6 +221,11 @@ class Driver:
             self.report.stopped = StopReason(StopKind.REWRITE_CAP, self.max_rewrites)
             return None
         try:
+            skipped = self._not_paying(match)
+            if skipped is not None:
+                raise Blocked(skipped)
+            if self.limits.observe is not None:
+                self.limits.observe(match)
             created = apply_match(match, context, self.names)
         except Blocked as exc:
             self._block(match.rule, match.nodes[0], str(exc))
@@ -243,6 +254,28 @@ class Driver:
         stats = self.report.rules[rule.name]
         stats.blocked += 1
         stats.blocked_reason = stats.blocked_reason or reason
+
+    def _not_paying(self, match: Match) -> str | None:
+        """Why the target's profile says this rewrite does not pay (measured slower, or
+        not measured for a rule that needs a measurement there), or None."""
+        target, rule = self.limits.target, match.rule
+        if target is None or not self.limits.gate_by_profile:
+            return None
+        profile = target.params.get("profile")
+        needs = target.name in rule.needs_profile
+        if not isinstance(profile, Profile):
+            if needs:
+                return (
+                    f"on '{target.name}' it fires only where a target profile measured it "
+                    "faster (onnxfuse targets calibrate)"
+                )
+            return None
+        alternative = next(i for i, s in enumerate(rule.sources) if s is match.source)
+        facts = match_facts(match.values, match.source.input_names())
+        measured = profile.lookup(rule.name, alternative, facts)
+        if measured is None:
+            return f"not measured in the profile {profile}" if needs else None
+        return f"{measured.verdict()} (profile {profile})" if measured.slower else None
 
     def _add_opset_imports(self, rule: Rule, created: list[ir.Node]) -> None:
         owner = self._owner(created[0].graph) if created else None

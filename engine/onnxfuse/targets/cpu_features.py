@@ -14,17 +14,27 @@ from pathlib import Path
 CPUINFO = Path("/proc/cpuinfo")
 
 
-def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
-    """The first processor's feature flags, or None where they cannot be read."""
+def _first_processor(field: str, cpuinfo: Path) -> str | None:
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
+        if key.strip() == field:
+            return value.strip()
     return None
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
+    """The first processor's feature flags, or None where they cannot be read."""
+    flags = _first_processor("flags", cpuinfo)
+    return None if flags is None else frozenset(flags.split())
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str | None:
+    """The first processor's model name (``Intel(R) Xeon(R) ...``), or None."""
+    return _first_processor("model name", cpuinfo)
 
 
 def block_size_for_flags(flags: frozenset[str]) -> int | None:

@@ -9,7 +9,9 @@ QLinearConv and QLinearMatMul, fast on Arm, slower than the unfused units on x86
 Plain ``cpu`` stays portable.
 Every target takes ``layout=nhwc|nchw`` (``cuda:layout=nhwc``): the tensor
 layout its convolutions should run in; a capability file's ``preferred_layout``
-is its default.
+is its default, and ``profile=FILE``: a target profile written by ``onnxfuse targets
+calibrate`` on the machine the model will run on (``targets/profile.py``); with one, a
+rewrite measured slower than what it replaces is skipped.
 
 Parameters reach rules through the guard name ``target_params`` (a mapping;
 a rule that reads a parameter the target lacks does not fire).
@@ -20,10 +22,13 @@ from __future__ import annotations
 import platform
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.targets.cpu_features import detect_block_size
+
+if TYPE_CHECKING:
+    from onnxfuse.targets.profile import Profile
 
 # Metadata key recording the block size a rewritten model assumes.
 BLOCK_SIZE_METADATA = "onnxfuse.nchwc_block_size"
@@ -48,6 +53,14 @@ def _int8(text: str) -> bool | None:
     raise ValueError("on, off or auto")
 
 
+def _profile(text: str) -> Profile:
+    from onnxfuse.targets.profile import load_profile  # read only when one is given
+
+    if not text:
+        raise ValueError("the path of a profile written by `onnxfuse targets calibrate`")
+    return load_profile(text)
+
+
 def _layout(text: str) -> str:
     if text.lower() in ("nhwc", "nchw"):
         return text.lower()
@@ -60,6 +73,11 @@ COMMON_PARAMETERS: dict[str, tuple[Callable[[str], Any], str]] = {
         _layout,
         "nhwc or nchw: the layout convolutions run in (default: the capability file's "
         "preferred_layout, else nchw); nhwc enables the nhwc pack",
+    ),
+    "profile": (
+        _profile,
+        "a target profile written by `onnxfuse targets calibrate` on the machine the model "
+        "will run on: rewrites it measured slower than what they replace are skipped",
     ),
 }
 
@@ -112,6 +130,10 @@ def parse_params(target_name: str, spec: str) -> dict[str, Any]:
             value = parser(raw.strip())
         except ValueError as exc:
             raise OnnxfuseError(f"target parameter {key}={raw!r}: expected {exc}") from None
+        if key == "profile" and value.target != target_name:
+            raise OnnxfuseError(
+                f"{value.path}: the profile is for target '{value.target}', not '{target_name}'"
+            )
         params[key] = value
     # A parameter resolved to "off" (block=auto on a machine without NCHWc) is left out.
     return {k: v for k, v in params.items() if v is not None}
