@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from onnxfuse.errors import RuleError, SourceError
+from onnxfuse.language.python_rules import PYTHON_SUFFIX, load_rule_module
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.language.rulefile import load_rule_file
 from onnxfuse.language.yaml_lines import LineMap, load_yaml
@@ -156,6 +157,10 @@ def load_packs(paths: list[str | Path]) -> list[Pack]:
     if not paths:
         return []
     given = [Path(path) for path in paths]
+    if any(path.suffix == PYTHON_SUFFIX for path in given):
+        # A Python module may import other files: its content alone does not name its rules.
+        with collector_paused():
+            return [_load_one(path) for path in given]
 
     def key() -> bytes:
         return content_key(file for path in given for file in files_read(path))
@@ -182,6 +187,8 @@ def _load_one(path: Path) -> Pack:
     if path.is_dir():
         manifest = read_manifest(path)  # first: its errors come before the rules'
         return Pack(path.name, load_pack(path), manifest)
+    if path.suffix == PYTHON_SUFFIX and path.is_file():
+        return Pack(path.stem, load_rule_module(path))
     if path.exists():
         return Pack(path.stem, load_rule_file(path))
     raise RuleError("no such rule file or pack folder", str(path))
