@@ -83,7 +83,7 @@ def test_optimize_pass_called_on_a_model_proto_returns_a_new_model_proto():
 
 def test_optimize_pass_on_anything_else_says_what_it_takes():
     fuse = onnxfuse.OptimizePass([])
-    with pytest.raises(onnxfuse.OnnxfuseError, match="onnx_ir.Model or an onnx.ModelProto"):
+    with pytest.raises(onnxfuse.OnnxfuseError, match=r"onnx_ir\.Model or an onnx\.ModelProto"):
         fuse(sample_model_path())
 
 
