@@ -375,6 +375,9 @@ def _boundary(instance: Instance, rng: np.random.Generator) -> list[Mutation]:
     return found
 
 
+_LABELS = {"outside": "values outside its range", "neg_zero": "-0.0", "large": "huge values"}
+
+
 def _excluded(instance: Instance, domain: Domain, rng: np.random.Generator) -> list[Mutation]:
     """One case per variable and kind of value its domain leaves out: the variable's
     random data with some elements set to that kind."""
@@ -388,11 +391,11 @@ def _excluded(instance: Instance, domain: Domain, rng: np.random.Generator) -> l
         runtime = tensor.kind == "input"
         if spec is not None and spec.range is not None:
             kinds, reason = ["nan", "inf", "outside"], spec.reason
-            what = f"outside its range {list(spec.range)}"
+            what = f"its range is {list(spec.range)}"
         else:
             allowed = domain.special_inputs if runtime else domain.special_constants
             kinds = [k for k in SPECIAL_KINDS if k not in allowed]
-            reason, what = domain.special_reason, "excluded by special_values"
+            reason, what = domain.special_reason, "special_values excludes it"
         if tensor.dtype not in FLOAT_DTYPES:
             kinds = [k for k in kinds if k in ("outside", "large")]
         if 0 in tensor.dims or (tensor.value is not None and tensor.value.size == 0):
@@ -408,7 +411,7 @@ def _excluded(instance: Instance, domain: Domain, rng: np.random.Generator) -> l
             found.append(
                 Mutation(
                     "excluded",
-                    f"{key} ({where}) holds {kind} ({what})",
+                    f"{key} ({where}) holds {_LABELS.get(kind, kind)} ({what})",
                     spec_copy,
                     False,
                     reason=reason,
