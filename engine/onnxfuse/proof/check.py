@@ -38,6 +38,7 @@ from onnxfuse.proof.instance import (
     make_feeds,
 )
 from onnxfuse.proof.negatives import Mutation, derive
+from onnxfuse.proof.reference_ops import missing_definitions
 from onnxfuse.proof.runtime import (
     ORT,
     Runner,
@@ -265,7 +266,8 @@ def _compare_runs(
             Failure(
                 rule,
                 "not-runnable",
-                f"the rewritten model does not run where the source does: {exc}",
+                f"the rewritten model does not run where the source does: {exc}"
+                + missing_definitions(result, str(exc)),
                 instance.describe(),
                 source,
                 feeds[0],
