@@ -325,7 +325,7 @@ rules:
         scale: {shape: [N], constant: true}
         bias: {shape: [N], constant: true}
         mean: {shape: [N], constant: true}
-        var: {shape: [N], constant: true, range: [0.5, 2.0]}
+        var: {shape: [N], constant: true, range: [0.5, 2.0], reason: variances are positive}
       special_values:
         inputs: [nan, inf, neg_zero, subnormal]
         constants: none
