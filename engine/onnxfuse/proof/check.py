@@ -443,10 +443,12 @@ def _check_mutation(
         if mutation.expected:
             report.expected_failures[f"{mutation.description}: {mutation.reason}"] += 1
             return
-        # A constant: the guards see it, and let the rule change the result there.
+        # NaN or an infinity in a constant: a guard could see it (all_finite), and let
+        # the rule change the result there.
         found.failure.message = (
             f"the rule fires on a constant holding values its domain excludes "
-            f"({mutation.reason}) and changes the result: {found.failure.message}"
+            f"({mutation.reason}) and changes the result (a guard can test a constant: "
+            f"all_finite(...)): {found.failure.message}"
         )
         raise
     report.boundary_exact[mutation.kind] += 1
