@@ -299,6 +299,9 @@ rules:
       - dtype(A) == "float"
       - is_constant(B) and is_constant(C) and rank(C) == 1
       - is_constant(scale) and is_constant(bias) and is_constant(mean) and is_constant(var)
+      # A NaN or an infinity folds into other values: the excluded-value cases try them.
+      - all_finite(B) and all_finite(C) and all_finite(scale) and all_finite(bias)
+      - all_finite(mean) and all_finite(var)
     target: |
       gemm_bn <eps> (A, B, C, scale, bias, mean, var) => (Y) {
         e = Constant<value_float: float = @eps>()
