@@ -323,3 +323,10 @@ def test_the_fuzz_oracle_runs_a_vendor_op_once_its_pack_is_loaded(vendor):
     packs.load_packs([pack])
     (outputs,) = oracle.run_all(model.SerializeToString(), feeds)
     assert outputs[0].shape == (1, 4, 6, 6) and np.all(outputs[0] >= 0)
+
+
+def test_a_builtin_pack_loaded_by_its_own_path_defines_its_ops_once():
+    from onnxfuse.proof.reference_ops import reference_functions
+
+    packs.load_packs([Path(__file__).resolve().parents[2] / "rules" / "nhwc"])
+    assert ("com.microsoft", "NhwcConv") in reference_functions()

@@ -161,7 +161,9 @@ _LOADED_REFERENCE_FOLDERS: dict[Path, None] = {}
 def reference_folders() -> list[Path]:
     """Where reference definitions of ops (a pack's ``reference/*.yaml``) are read: every
     built-in pack's folder, then those of the packs and rule files loaded in this run."""
-    builtin = sorted(p for p in builtin_rules_dir().glob(f"*/{REFERENCE_FOLDER}") if p.is_dir())
+    found = builtin_rules_dir().glob(f"*/{REFERENCE_FOLDER}")
+    # Resolved: `onnxfuse check rules/` loads the built-in packs by another path.
+    builtin = sorted(p.resolve() for p in found if p.is_dir())
     return list(dict.fromkeys([*builtin, *_LOADED_REFERENCE_FOLDERS]))
 
 
