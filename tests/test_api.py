@@ -69,6 +69,24 @@ def test_optimize_pass_runs_inside_onnx_ir_sequential():
     assert fuse.report is not None and fuse.report.rewrites > 0
 
 
+def test_optimize_pass_called_on_a_model_proto_returns_a_new_model_proto():
+    fuse = onnxfuse.OptimizePass(onnxfuse.select_rules(target="cpu"))
+    model = onnx.load(sample_model_path())
+    before = model.SerializeToString()
+    optimized = fuse(model)
+    assert isinstance(optimized, onnx.ModelProto)
+    assert model.SerializeToString() == before
+    assert len(optimized.graph.node) < len(model.graph.node)
+    assert fuse.report is not None and fuse.report.rewrites > 0
+    assert_same_outputs(model, optimized)
+
+
+def test_optimize_pass_on_anything_else_says_what_it_takes():
+    fuse = onnxfuse.OptimizePass([])
+    with pytest.raises(onnxfuse.OnnxfuseError, match=r"onnx_ir\.Model or an onnx\.ModelProto"):
+        fuse(sample_model_path())
+
+
 def test_every_python_example_of_the_readme_runs(tmp_path: Path, monkeypatch):
     shutil.copy(sample_model_path(), tmp_path / "model.onnx")
     (tmp_path / "my_rules.yaml").write_text(

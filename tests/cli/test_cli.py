@@ -628,3 +628,71 @@ def test_plan_help_names_the_shape_options():
     assert result.returncode == 0
     for option in ("--dim NAME=VALUE", "--input-shape NAME=D1,D2,...", "--trace-shapes"):
         assert option in result.stdout
+
+
+PYTHON_RULES = """\
+from onnxscript import opset17 as op
+from onnxscript import script
+
+from onnxfuse.language.python_rules import rule_from_functions
+
+
+@script()
+def double_relu(X):
+    return op.Relu(op.Relu(X))
+
+
+@script()
+def single_relu(X):
+    return op.Relu(X)
+
+
+py_relu_relu = rule_from_functions(
+    "py-relu-relu",
+    double_relu,
+    single_relu,
+    benefit=2,
+    verify={"dtypes": ["float"], "inputs": {"X": [2, 3]}},
+)
+"""
+
+
+def test_a_python_rule_module_loads_from_the_command_line(tmp_path, relu_model):
+    rules = tmp_path / "rules.py"
+    rules.write_text(PYTHON_RULES)
+    out = tmp_path / "out.onnx"
+    result = run_cli(
+        "optimize", str(relu_model), "-o", str(out), "--rules", str(rules), "--no-builtin"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "py-relu-relu" in result.stdout
+    assert [n.op_type for n in onnx.load(out).graph.node] == ["Relu", "Sigmoid"]
+
+
+def test_check_proves_the_rules_of_a_python_rule_module(tmp_path):
+    rules = tmp_path / "rules.py"
+    rules.write_text(PYTHON_RULES)
+    result = run_cli("check", str(rules), "--examples", "5", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok    py-relu-relu" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("x = 1\n", ["rules.py:", "defines its rules at the top level"]),
+        ("def f(:\n", ["rules.py:1:", "Python syntax error"]),
+        ("import os\n\nraise ValueError('boom')\n", ["rules.py:3:", "raised ValueError: boom"]),
+        (
+            PYTHON_RULES.replace("benefit=2,", "benefit=2, where=['rank(Q) > 1'],"),
+            ["rules.py:17:", "unknown name 'Q'"],
+        ),
+    ],
+)
+def test_a_broken_python_rule_module_is_one_line_at_its_line(tmp_path, relu_model, text, fragments):
+    rules = tmp_path / "rules.py"
+    rules.write_text(text)
+    result = run_cli(
+        "optimize", str(relu_model), "-o", str(tmp_path / "o.onnx"), "--rules", str(rules)
+    )
+    assert_clean_error(result, *fragments)

@@ -99,7 +99,6 @@ def test_bad_input_is_one_line(args, fragment, capsys):
     ("verify", "message"),
     [
         ("inputs: {X: [-1, 3]}", "cannot be evaluated: negative dimensions are not allowed"),
-        ("opsets: [999]\n      inputs: {X: [2]}", "verify: opset 999 is not one onnx knows"),
         ("inputs: {X: {value: \"'abc'\"}}", "cannot be evaluated: could not convert string"),
     ],
 )
@@ -122,6 +121,35 @@ def test_a_domain_no_instance_can_have_fails_the_rule_in_one_line(
     assert code == 1 and err == "", err
     (failed,) = [line for line in out.splitlines() if "FAIL" in line]
     assert message in failed
+
+
+@pytest.mark.parametrize(
+    ("verify", "line", "message"),
+    [
+        ("opsets: [999]\n      inputs: {X: [2]}", 2, "verify: opset 999 is not one onnx knows"),
+        (
+            "inputs:\n        X: {shape: [2], range: [-1.0, 1.0]}",
+            8,
+            "verify: inputs.X.range: narrowing the values (which leaves NaN, infinities and "
+            "values outside [-1.0, 1.0] out) needs a reason",
+        ),
+    ],
+)
+def test_a_malformed_domain_is_bad_input_at_its_line(tmp_path, capsys, verify, line, message):
+    path = tmp_path / "rules.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - name: relu-relu\n"
+        '    source: "f (X) => (Y) { T = Relu(X)\\n Y = Relu(T) }"\n'
+        '    target: "f (X) => (Y) { Y = Relu(X) }"\n'
+        "    verify:\n"
+        "      dtypes: [float]\n"
+        f"      {verify}\n"
+    )
+    code, _, err = run(capsys, "check", str(path), "--save-dir", str(tmp_path / "s"))
+    assert code == 2
+    (only,) = err.strip().splitlines()
+    assert f"rules.yaml:{line}: rule 'relu-relu': {message}" in only, only
 
 
 def test_check_leaves_no_hypothesis_files_in_the_working_directory(tmp_path):

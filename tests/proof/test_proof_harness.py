@@ -76,6 +76,14 @@ def test_a_rule_without_a_domain_is_an_error():
             "copy_attributes",
         ),
         ("    verify: {dtypes: [float], inputs: {X: [2]}, attributes: {eps: [1]}}", "eps"),
+        (
+            "    verify: {dtypes: [float], inputs: {X: {shape: [2], range: [-1, 1]}}}",
+            "inputs.X.range: narrowing the values",
+        ),
+        (
+            "    verify: {dtypes: [float], inputs: {X: {shape: [2], reason: why}}}",
+            "a reason is for a 'range'",
+        ),
     ],
 )
 def test_malformed_domains_are_named(verify, fragment):
@@ -313,6 +321,9 @@ rules:
       - dtype(A) == "float"
       - is_constant(B) and is_constant(C) and rank(C) == 1
       - is_constant(scale) and is_constant(bias) and is_constant(mean) and is_constant(var)
+      # A NaN or an infinity folds into other values: the excluded-value cases try them.
+      - all_finite(B) and all_finite(C) and all_finite(scale) and all_finite(bias)
+      - all_finite(mean) and all_finite(var)
     target: |
       gemm_bn <eps> (A, B, C, scale, bias, mean, var) => (Y) {
         e = Constant<value_float: float = @eps>()
@@ -339,7 +350,7 @@ rules:
         scale: {shape: [N], constant: true}
         bias: {shape: [N], constant: true}
         mean: {shape: [N], constant: true}
-        var: {shape: [N], constant: true, range: [0.5, 2.0]}
+        var: {shape: [N], constant: true, range: [0.5, 2.0], reason: variances are positive}
       special_values:
         inputs: [nan, inf, neg_zero, subnormal]
         constants: none
@@ -548,3 +559,85 @@ def test_sampled_negatives_keep_declared_ones_and_cover_every_kind():
     assert chosen == sample_mutations(mutations, 12, seed=5)
     assert chosen != sample_mutations(mutations, 12, seed=6)
     assert sample_mutations(mutations[:10], 12, seed=5) == mutations[:10]
+
+
+def test_a_range_without_a_reason_is_placed_at_its_line():
+    text = relu_relu_rule("my-relu-relu") + (
+        "    verify:\n"
+        "      dtypes: [float]\n"
+        "      inputs:\n"
+        "        X: {shape: [2], range: [-1.0, 1.0]}\n"
+    )
+    with pytest.raises(VerifyError) as caught:
+        parse_domain(rules_from_text(text)[0])
+    assert (
+        caught.value.line
+        == text.splitlines().index("        X: {shape: [2], range: [-1.0, 1.0]}") + 1
+    )
+
+
+# A rule exact only inside [-2, 2]: on a graph input no guard sees the values.
+CLIP_DROPPED = """\
+rules:
+  - name: clip-dropped
+    source: |
+      f (X) => (Y) {
+        lo = Constant<value_float = -2.0>()
+        hi = Constant<value_float = 2.0>()
+        T = Clip(X, lo, hi)
+        Y = Neg(T)
+      }
+    replacement: |
+      f (X) => (Y) {
+        Y = Neg(X)
+      }
+    verify:
+      opsets: [13]
+      dtypes: [float]
+      inputs:
+        X: {shape: [2, 3], range: [-2.0, 2.0], reason: the values the clip leaves alone}
+        lo: {shape: []}
+        hi: {shape: []}
+"""
+
+# The same mistake on a constant, which a guard could have looked at.
+WEIGHT_CLIPPED = """\
+rules:
+  - name: weight-clipped
+    source: |
+      f (X, W) => (Y) {
+        Y = Mul(X, W)
+      }
+    where: [is_constant(W)]
+    replacement: |
+      f (X, W) => (Y) {
+        lo = Constant<value_float = -1.0>()
+        hi = Constant<value_float = 1.0>()
+        Wc = Clip(W, lo, hi)
+        Y = Mul(X, Wc)
+      }
+    verify:
+      opsets: [13]
+      dtypes: [float]
+      inputs:
+        X: [3]
+        W: {shape: [3], constant: true, range: [-1.0, 1.0], reason: weights the clip leaves alone}
+"""
+
+
+def test_values_a_range_excludes_from_a_graph_input_are_expected_failures_with_the_reason():
+    report = check_rule(rules_from_text(CLIP_DROPPED)[0], examples=3, shrink_seconds=5)
+    assert report.ok, report.failure.format() if report.failure else report.error
+    cases = " ".join(report.expected_failures)
+    assert "X (graph input) holds inf" in cases
+    assert "X (graph input) holds values outside its range" in cases
+    assert "the values the clip leaves alone" in cases
+    assert "expected failure(s) on values the domain excludes" in report.summary()
+
+
+def test_a_rule_that_fires_on_a_constant_its_range_excludes_and_changes_it_fails():
+    report = check_rule(rules_from_text(WEIGHT_CLIPPED)[0], examples=3, shrink_seconds=5)
+    assert report.failure is not None and report.failure.kind == "numerics"
+    assert "constant holding values its domain excludes" in report.failure.message
+    assert "weights the clip leaves alone" in report.failure.message
+    assert report.failure.mutation is not None and "W (constant) holds" in report.failure.mutation

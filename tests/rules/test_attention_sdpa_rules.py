@@ -4,7 +4,9 @@ mask Where(C, 0, F), Where(IsNaN(p), 0, p) after the Softmax) into com.microsoft
 
 The point of the two rules is a fully masked query row: the source gives zeros when F is -inf
 and a uniform row when F is finite; Attention gives NaN and a uniform row. So a finite F fuses
-as is, -inf fuses with the rows zeroed, and anything else (+inf, NaN, a runtime F) stays.
+as is, -inf fuses with Attention's NaN rows replaced by the source's value (zeros, or NaN
+where the batch element's X is not finite), and anything else (+inf, NaN, a runtime F)
+stays.
 Every case feeds masks with fully masked rows and a fully masked batch element, on a
 hand-built graph and end to end on the cached BERT SDPA exports."""
 
@@ -147,6 +149,24 @@ def test_an_inf_mask_fuses_with_the_fully_masked_rows_zeroed():
             "X": np.ones((1, 1, D_IN), F32), "C": np.zeros((1, 1, 1, 1), bool)
         }  # fmt: skip
         assert_equal_with_nan(run(result, feeds)[0], run(model, feeds)[0])
+
+
+@pytest.mark.parametrize("masked_value", [-np.inf, np.finfo(F32).min])
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+def test_nan_or_an_infinity_in_x_gives_the_sources_outputs(masked_value, special):
+    # The source's fully masked rows are the sum over the keys of 0 * V: NaN in a batch
+    # element whose X holds NaN or an infinity, zeros elsewhere; Attention's NaN rows
+    # must become exactly that, not zeros.
+    model = sdpa_graph(masked_value)
+    _, result = optimize(model)
+    assert "Attention" in ops(result)
+    feeds = masks()
+    feeds["X"][0, 1, 3] = special
+    feeds["X"][1, 0, 0] = special
+    (want,), (got,) = run(model, feeds), run(result, feeds)
+    assert np.all(np.isnan(want[0])) and np.all(np.isnan(want[1]))
+    assert np.all(np.isfinite(want[2]))
+    assert_equal_with_nan(got, want)
 
 
 @pytest.mark.parametrize("masked_value", [np.inf, np.nan])

@@ -24,6 +24,7 @@ from core_pack_support import (
 from helpers import assert_close, optimize_proto, run
 from hypothesis import given
 from hypothesis import strategies as st
+from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 I64 = np.int64
@@ -176,6 +177,30 @@ def _conv_bn(conv_inputs=("x", "w", "b"), inputs=None, inits=None, outputs=("y",
 )
 def test_conv_bn_fold_not(model):
     no_fire(model(), "conv-bn-fold")
+
+
+def _with_inf(values: np.ndarray) -> np.ndarray:
+    values = values.copy()
+    values[1] = np.inf
+    return values
+
+
+@pytest.mark.parametrize("name", ["scale", "var", "w"])
+def test_conv_bn_fold_not_with_a_non_finite_constant(name):
+    # Folded, inf * 0 would be NaN in the weights where the source gives inf or 0.
+    base = {"w": randn(4, 3, 3, 3), "b": randn(4), **bn_params(4)}
+    no_fire(_conv_bn(inits={name: _with_inf(base[name])}), "conv-bn-fold")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_mul_fold_not_with_a_non_finite_scale(bias):
+    name = "conv-mul-fold" + ("" if bias else "-nobias")
+    model = _conv_then("Mul", [4, 1, 1], bias)
+    k = next(t for t in model.graph.initializer if t.name == "k")
+    values = numpy_helper.to_array(k).copy()
+    values[0] = np.inf
+    k.CopyFrom(numpy_helper.from_array(values, "k"))
+    no_fire(model, name)
 
 
 def test_conv_bn_fold_not_in_training_mode():

@@ -275,6 +275,15 @@ def test_input_channels_off_the_block_stay_nchw(block):
     assert not any(n.domain == NCHWC for n in _ours(model, f"cpu:block={block}").graph.node)
 
 
+@pytest.mark.parametrize("block", [8, 16])
+def test_a_conv_with_an_infinite_weight_stays_nchw(block):
+    # The blocked kernels give other results on an infinite weight than the NCHW Conv.
+    model, w = _conv_model((16, 16, 3, 3), 1, 16, True)
+    w[3, 2, 1, 1] = np.inf
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "W"))
+    assert not any(n.domain == NCHWC for n in _ours(model, f"cpu:block={block}").graph.node)
+
+
 def test_plain_cpu_stays_portable():
     model, _ = _conv_model((16, 16, 3, 3), 1, 16, True)
     assert not any(n.domain == NCHWC for n in _ours(model, "cpu").graph.node)

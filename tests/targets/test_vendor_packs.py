@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 from onnxfuse.api import select_rules
 from onnxfuse.cli.main import main
 from onnxfuse.errors import OnnxfuseError
+from onnxfuse.language import packs
 from onnxfuse.language.packs import read_manifest
 from onnxfuse.passes.pipeline import Options, op_histogram, optimize
 from onnxfuse.targets.capabilities import load_target
@@ -51,6 +52,29 @@ rules:
       conv_relu (X, W, B) => (Y) {
         Y = acme.ConvRelu(X, W, B)
       }
+    verify:
+      opsets: [17]
+      dtypes: [float]
+      dims: {N: 1..2, XS: {rank: 2, each: 4..6}}
+      node_attributes:
+        C: {pads: ["[1, 1, 1, 1]", None], strides: ["[1, 1]", "[2, 2]"]}
+      inputs:
+        X: [N, 3, XS]
+        W: {shape: [4, 3, 3, 3], constant: true}
+        B: {shape: [4], constant: true}
+"""
+# What acme.ConvRelu computes, from standard ops: onnxruntime has no kernel for it.
+VENDOR_REFERENCE = """\
+description: acme.ConvRelu is a Conv (same inputs and attributes) and a Relu.
+functions:
+  - |
+    <domain: "acme", opset_import: ["" : 17]>
+    ConvRelu <group, strides, pads, dilations, auto_pad, kernel_shape> (X, W, B) => (Y) {
+      C = Conv<group: int = @group, strides: ints = @strides, pads: ints = @pads,
+               dilations: ints = @dilations, auto_pad: string = @auto_pad,
+               kernel_shape: ints = @kernel_shape>(X, W, B)
+      Y = Relu(C)
+    }
 """
 VENDOR_MANIFEST = """\
 description: Fusions for the Acme NPU.
@@ -58,6 +82,12 @@ targets: [acme-npu]
 replaces: [ort]
 extends: [core]
 """
+
+
+@pytest.fixture(autouse=True)
+def no_packs_loaded_before(monkeypatch):
+    # The reference folders of the packs a run loads stay for the run: one per test here.
+    monkeypatch.setattr(packs, "_LOADED_REFERENCE_FOLDERS", {})
 
 
 @pytest.fixture
@@ -264,3 +294,67 @@ def test_targets_coverage_with_a_vendor_target_and_pack(vendor, tmp_path, capsys
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "before optimizing: 2 nodes, 1 not covered (Conv 1), 1 partition (1 nodes)"
     assert "  not covered: Conv 'conv': Conv (1 spatial dims, not one of [2])" in out
+
+
+def test_check_proves_a_vendor_op_with_the_packs_reference_definition(vendor, capsys):
+    target_path, pack = vendor
+    args = ["check", str(pack), "--target", str(target_path), "--examples", "5"]
+    assert main([*args, "--save-dir", str(pack.parent / "cex")]) == 1
+    out = capsys.readouterr().out
+    assert "acme:ConvRelu(-1) is not a registered function/op" in out
+    assert "give it a reference definition" in out and "reference/*.yaml" in out
+    (pack / "reference").mkdir()
+    (pack / "reference" / "conv_relu.yaml").write_text(VENDOR_REFERENCE)
+    assert main([*args, "--save-dir", str(pack.parent / "cex")]) == 0
+    assert "ok    acme-conv-relu" in capsys.readouterr().out
+
+
+def test_plan_verify_runs_a_vendor_op_as_the_packs_reference_definition(vendor, tmp_path, capsys):
+    target_path, pack = vendor
+    source, output = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(conv_relu_model(), source)
+    args = [str(source), "-o", str(output), "--target", str(target_path), "--rules", str(pack)]
+    assert main(["optimize", *args, "-q"]) == 0
+    (pack / "reference").mkdir()
+    (pack / "reference" / "conv_relu.yaml").write_text(VENDOR_REFERENCE)
+    capsys.readouterr()
+    assert main(["plan", str(output), "--verify", "--rules", str(pack)]) == 0
+    assert "verify: outputs match onnxruntime" in capsys.readouterr().out
+
+
+def test_plan_verify_without_a_definition_says_how_to_give_one(vendor, tmp_path, capsys):
+    target_path, pack = vendor
+    source, output = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(conv_relu_model(), source)
+    args = [str(source), "-o", str(output), "--target", str(target_path), "--rules", str(pack)]
+    assert main(["optimize", *args, "-q"]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(output), "--verify"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "no kernel for acme.ConvRelu" in line and "name that pack with --rules" in line
+
+
+def test_the_fuzz_oracle_runs_a_vendor_op_once_its_pack_is_loaded(vendor):
+    from onnxfuse.fuzz import oracle
+
+    _, pack = vendor
+    (pack / "reference").mkdir()
+    (pack / "reference" / "conv_relu.yaml").write_text(VENDOR_REFERENCE)
+    model = conv_relu_model()
+    model.graph.node.pop()
+    conv = model.graph.node[0]
+    conv.op_type, conv.domain, conv.output[0] = "ConvRelu", "acme", "y"
+    model.opset_import.add(domain="acme", version=1)
+    feeds = [("normal", {"x": np.ones([1, 3, 6, 6], np.float32)})]
+    with pytest.raises(Exception, match="ConvRelu"):
+        oracle.run_all(model.SerializeToString(), feeds)
+    packs.load_packs([pack])
+    (outputs,) = oracle.run_all(model.SerializeToString(), feeds)
+    assert outputs[0].shape == (1, 4, 6, 6) and np.all(outputs[0] >= 0)
+
+
+def test_a_builtin_pack_loaded_by_its_own_path_defines_its_ops_once():
+    from onnxfuse.proof.reference_ops import reference_functions
+
+    packs.load_packs([Path(__file__).resolve().parents[2] / "rules" / "nhwc"])
+    assert ("com.microsoft", "NhwcConv") in reference_functions()

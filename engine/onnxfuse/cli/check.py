@@ -92,6 +92,7 @@ def run_check(args: argparse.Namespace) -> int:
             )
         rules = [r for r in rules if r.name in set(args.rule) or r.family in set(args.rule)]
     target = load_target(args.target)
+    _check_domains(rules)
     if args.replay:
         return _replay(args, rules, target)
     return _check(args, rules, target)
@@ -142,6 +143,16 @@ def _check(args: argparse.Namespace, rules, target) -> int:
         f"{failed} of {len(rules)} rule(s) failed" if failed else f"all {len(rules)} rule(s) hold"
     )
     return 1 if failed else 0
+
+
+def _check_domains(rules) -> None:
+    """A malformed verification domain is bad input (file:line, exit 2) before anything
+    runs; a rule without one fails its check instead (nothing proves it)."""
+    from onnxfuse.proof.domain import parse_domain
+
+    for rule in rules:
+        if rule.verify:
+            parse_domain(rule)
 
 
 def _rule_path(rule, given: list[str]) -> str:

@@ -10,6 +10,8 @@ from onnxfuse.errors import OnnxfuseError
 from onnxfuse.planner.strategies import STRATEGIES
 
 if TYPE_CHECKING:
+    import onnx_ir as ir
+
     from onnxfuse.planner.plan import Plan
 
 # Traced shapes named in the summary; the plan's JSON has them all.
@@ -57,6 +59,17 @@ def add_plan_command(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run the model inside the arena and compare with onnxruntime",
     )
+    p.add_argument(
+        "--rules",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help=(
+            "with --verify: a rule pack or file whose reference/ folder defines ops "
+            "onnxruntime has no CPU kernel for (a vendor's; repeatable; the built-in packs' "
+            "definitions are always read)"
+        ),
+    )
     p.add_argument("--schedule", action="store_true", help="reorder nodes to lower the peak first")
     p.add_argument("--no-inplace", action="store_true", help="no in-place reuse")
     p.add_argument(
@@ -103,7 +116,6 @@ def run_plan(args: argparse.Namespace) -> int:
     from onnxfuse.files.input_files import INPUT_FILES_META
     from onnxfuse.files.model_io import load_model, save_model
     from onnxfuse.files.output_paths import check_distinct, check_output, refuse_overwriting
-    from onnxfuse.planner.arena_executor import verify_plan
     from onnxfuse.planner.checker import check_plan
     from onnxfuse.planner.embed import embed_plan
     from onnxfuse.planner.plan import plan_model
@@ -136,7 +148,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.embed:
         embedded, _ = embed_plan(model, plan)
         save_model(embedded, args.embed, inputs=inputs)
-    result = verify_plan(model, plan) if args.verify else None
+    result = _verify(model, plan, args.rules) if args.verify else None
     # Once nothing can fail: an error stays one line.
     warn_repairs(model.meta.get(REPAIRS_META, ()))
     if result is not None:
@@ -146,6 +158,25 @@ def run_plan(args: argparse.Namespace) -> int:
             return 1
         print(f"verify: outputs match onnxruntime (max abs diff {diffs})")
     return 0
+
+
+def _verify(model: ir.Model, plan: Plan, rules: list[str]):
+    """verify_plan, with the ops that have a reference definition (in the built-in packs
+    or in ``rules``) run as it, and a hint where an op has none."""
+    import onnx_ir as ir
+
+    from onnxfuse.language.packs import load_packs
+    from onnxfuse.planner.arena_executor import verify_plan
+    from onnxfuse.proof.reference_ops import missing_definitions, with_reference_definitions
+
+    load_packs(list(rules))  # their reference folders are read from now on
+    try:
+        return verify_plan(model, plan, runnable=with_reference_definitions)
+    except OnnxfuseError as exc:
+        hint = missing_definitions(ir.to_proto(model), str(exc))
+        if not hint:
+            raise
+        raise OnnxfuseError(f"{exc}{hint}, and name that pack with --rules") from None
 
 
 def summary(plan: Plan) -> str:

@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from onnxfuse.errors import RuleError, SourceError
+from onnxfuse.language.python_rules import PYTHON_SUFFIX, load_rule_module
 from onnxfuse.language.rule import PHASES, Rule
 from onnxfuse.language.rulefile import load_rule_file
 from onnxfuse.language.yaml_lines import LineMap, load_yaml
@@ -31,6 +32,8 @@ from onnxfuse.support.load_cache import cached, content_key, stat_key
 # Built-in packs load in this order; packs not listed follow alphabetically.
 _PACK_ORDER = ("core",)
 MANIFEST = "pack.yaml"
+# A pack's folder of reference definitions of ops with no CPU kernel (proof.reference_ops).
+REFERENCE_FOLDER = "reference"
 MANIFEST_KEYS = {
     "description": "what the pack is for",
     "targets": "targets its rules are for (names as in the target files)",
@@ -151,11 +154,36 @@ def load_pack(folder: str | Path) -> list[Rule]:
     return rules
 
 
+# The reference/ folders of the packs loaded so far (a rule file's folder is its pack).
+_LOADED_REFERENCE_FOLDERS: dict[Path, None] = {}
+
+
+def reference_folders() -> list[Path]:
+    """Where reference definitions of ops (a pack's ``reference/*.yaml``) are read: every
+    built-in pack's folder, then those of the packs and rule files loaded in this run."""
+    found = builtin_rules_dir().glob(f"*/{REFERENCE_FOLDER}")
+    # Resolved: `onnxfuse check rules/` loads the built-in packs by another path.
+    builtin = sorted(p.resolve() for p in found if p.is_dir())
+    return list(dict.fromkeys([*builtin, *_LOADED_REFERENCE_FOLDERS]))
+
+
+def _remember_reference_folder(path: Path) -> None:
+    folder = (path if path.is_dir() else path.parent) / REFERENCE_FOLDER
+    if folder.is_dir():
+        _LOADED_REFERENCE_FOLDERS[folder.resolve()] = None
+
+
 def load_packs(paths: list[str | Path]) -> list[Pack]:
     """Rule files and pack folders, in order, each with its manifest."""
     if not paths:
         return []
     given = [Path(path) for path in paths]
+    for path in given:
+        _remember_reference_folder(path)
+    if any(path.suffix == PYTHON_SUFFIX for path in given):
+        # A Python module may import other files: its content alone does not name its rules.
+        with collector_paused():
+            return [_load_one(path) for path in given]
 
     def key() -> bytes:
         return content_key(file for path in given for file in files_read(path))
@@ -182,6 +210,8 @@ def _load_one(path: Path) -> Pack:
     if path.is_dir():
         manifest = read_manifest(path)  # first: its errors come before the rules'
         return Pack(path.name, load_pack(path), manifest)
+    if path.suffix == PYTHON_SUFFIX and path.is_file():
+        return Pack(path.stem, load_rule_module(path))
     if path.exists():
         return Pack(path.stem, load_rule_file(path))
     raise RuleError("no such rule file or pack folder", str(path))

@@ -12,7 +12,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import overload
 
+import onnx
 import onnx_ir as ir
 
 from onnxfuse.errors import InvariantError, OnnxfuseError
@@ -115,6 +117,11 @@ def optimize(
     onnx's inference of the model's types as loaded (``load_model_and_types``), if the
     model is unchanged since. ``final_inference``: False leaves the last shape inference
     to the caller (``save_model(..., infer=True)`` makes it on the protobuf it writes)."""
+    if not isinstance(model, ir.Model):
+        raise OnnxfuseError(
+            f"optimize runs on an onnx_ir.Model, not {type(model).__name__} "
+            "(onnxfuse.optimize and OptimizePass also take an onnx.ModelProto)"
+        )
     options = options or Options()
     started = time.perf_counter()
     report = Report(nodes_before=count_nodes(model), ops_before=op_histogram(model))
@@ -154,13 +161,38 @@ def optimize(
 
 
 class OptimizePass(ir.passes.InPlacePass):
-    """The whole pipeline as one onnx_ir pass; the last run's Report is ``self.report``."""
+    """The whole pipeline as one onnx_ir pass; the last run's Report is ``self.report``.
+
+    Called on an ``onnx_ir.Model`` it optimizes it in place and returns a PassResult,
+    as every onnx_ir pass does; called on an ``onnx.ModelProto`` it returns a new,
+    optimized ModelProto and leaves the argument as it was (as ``onnxfuse.optimize``).
+    """
 
     def __init__(self, rules: list[Rule], options: Options | None = None):
         super().__init__()
         self.rules = rules
         self.options = options
         self.report: Report | None = None
+
+    @overload
+    def __call__(self, model_or_result: onnx.ModelProto, /) -> onnx.ModelProto: ...
+
+    @overload
+    def __call__(
+        self, model_or_result: ir.Model | ir.passes.PassResult, /
+    ) -> ir.passes.PassResult: ...
+
+    def __call__(self, model_or_result, /):
+        if isinstance(model_or_result, onnx.ModelProto):
+            model = ir.from_proto(model_or_result)  # a copy: the argument is not touched
+            super().__call__(model)
+            return ir.to_proto(model)
+        if not isinstance(model_or_result, (ir.Model, ir.passes.PassResult)):
+            raise OnnxfuseError(
+                f"OptimizePass runs on an onnx_ir.Model or an onnx.ModelProto, "
+                f"not {type(model_or_result).__name__}"
+            )
+        return super().__call__(model_or_result)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.report = optimize(model, self.rules, self.options)

@@ -9,7 +9,7 @@ would differ from onnxruntime's run of the whole model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +31,15 @@ _TOLERANCE = {
 }
 
 
+# What makes a model runnable on the CPU before a session loads it (inlining the reference
+# definitions of ops onnxruntime has no kernel for); the identity by default.
+Runnable = Callable[[onnx.ModelProto], onnx.ModelProto]
+
+
+def _as_is(model: onnx.ModelProto) -> onnx.ModelProto:
+    return model
+
+
 @dataclass
 class VerifyResult:
     ok: bool
@@ -41,9 +50,10 @@ class VerifyResult:
 class ArenaExecutor:
     """Executes ``model`` inside one arena laid out by ``plan``; sessions are cached."""
 
-    def __init__(self, model: ir.Model, plan: Plan):
+    def __init__(self, model: ir.Model, plan: Plan, runnable: Runnable = _as_is):
         self._model = model
         self._plan = plan
+        self._runnable = runnable
         self._nodes = list(model.graph)
         self._placed = {t.name: t for t in plan.tensors}
         self._types: dict[str, PlannedTensor | ListedTensor] = {t.name: t for t in plan.tensors}
@@ -120,8 +130,8 @@ class ArenaExecutor:
             options.log_severity_level = 4  # fatal only: a failed run is reported as one line
             # A session with its own thread pool takes ~70 ms to tear down; one per node adds up.
             options.intra_op_num_threads = 1
-            model = self._one_node_model(self._nodes[index])
             try:
+                model = self._runnable(self._one_node_model(self._nodes[index]))
                 self._sessions[index] = ort.InferenceSession(
                     model.SerializeToString(), options, providers=["CPUExecutionProvider"]
                 )
@@ -164,17 +174,24 @@ def random_feeds(model: ir.Model, plan: Plan, seed: int = 0) -> dict[str, np.nda
 
 
 def verify_plan(
-    model: ir.Model, plan: Plan, feeds: Mapping[str, np.ndarray] | None = None, seed: int = 0
+    model: ir.Model,
+    plan: Plan,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+    runnable: Runnable = _as_is,
 ) -> VerifyResult:
-    """Run ``model`` inside the arena and compare with onnxruntime's run of the whole model."""
+    """Run ``model`` inside the arena and compare with onnxruntime's run of the whole model.
+    ``runnable`` prepares each model a session loads (the node's, the whole one's)."""
     ort.set_default_logger_severity(4)  # fatal only: a failed run is reported as one line
     try:
         feeds = dict(feeds) if feeds is not None else random_feeds(model, plan, seed)
-        got = ArenaExecutor(model, plan).run(feeds)
+        got = ArenaExecutor(model, plan, runnable).run(feeds)
         options = ort.SessionOptions()
         options.log_severity_level = 4
         reference = ort.InferenceSession(
-            ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
+            runnable(ir.to_proto(model)).SerializeToString(),
+            options,
+            providers=["CPUExecutionProvider"],
         )
         names = [o.name for o in reference.get_outputs()]
         expected = dict(zip(names, reference.run(names, feeds), strict=True))

@@ -38,6 +38,7 @@ from onnxfuse.proof.instance import (
     make_feeds,
 )
 from onnxfuse.proof.negatives import Mutation, derive
+from onnxfuse.proof.reference_ops import missing_definitions
 from onnxfuse.proof.runtime import (
     ORT,
     Runner,
@@ -91,6 +92,9 @@ class RuleReport:
     runtimes: Counter[str] = field(default_factory=Counter)
     negatives: Counter[str] = field(default_factory=Counter)  # kind -> checked (did not fire)
     boundary_exact: Counter[str] = field(default_factory=Counter)  # fired, and still exact
+    # Values a graph input holds that the domain excludes, on which the result changed
+    # as the domain's reason says it may: "description: reason" -> cases.
+    expected_failures: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
     failure: Failure | None = None
     error: str | None = None  # the domain is missing, malformed, or never fires
@@ -111,6 +115,12 @@ class RuleReport:
             parts.append(f"{sum(self.negatives.values())} negative cases held")
         if self.boundary_exact:
             parts.append(f"{sum(self.boundary_exact.values())} boundary cases fired and were exact")
+        if self.expected_failures:
+            top = "; ".join(f"{case} ({n}x)" for case, n in self.expected_failures.most_common(2))
+            parts.append(
+                f"{sum(self.expected_failures.values())} expected failure(s) on values the "
+                f"domain excludes: {top}"
+            )
         if self.rejected:
             top = ", ".join(f"{r} ({n})" for r, n in self.rejected.most_common(2))
             parts.append(f"{sum(self.rejected.values())} discarded: {top}")
@@ -270,7 +280,8 @@ def _compare_runs(
             Failure(
                 rule,
                 "not-runnable",
-                f"the rewritten model does not run where the source does: {exc}",
+                f"the rewritten model does not run where the source does: {exc}"
+                + missing_definitions(result, str(exc)),
                 instance.describe(),
                 source,
                 feeds[0],
@@ -437,7 +448,22 @@ def _check_mutation(
     except RuntimeFailure as exc:
         report.skipped[f"{mutation.kind}: {exc}"] += 1
         return
-    _compare_runs(shown, domain, runner, model, result, feeds, expected, mutation.description)
+    try:
+        _compare_runs(shown, domain, runner, model, result, feeds, expected, mutation.description)
+    except _Found as found:
+        if mutation.kind != "excluded":
+            raise
+        if mutation.expected:
+            report.expected_failures[f"{mutation.description}: {mutation.reason}"] += 1
+            return
+        # NaN or an infinity in a constant: a guard could see it (all_finite), and let
+        # the rule change the result there.
+        found.failure.message = (
+            f"the rule fires on a constant holding values its domain excludes "
+            f"({mutation.reason}) and changes the result (a guard can test a constant: "
+            f"all_finite(...)): {found.failure.message}"
+        )
+        raise
     report.boundary_exact[mutation.kind] += 1
 
 

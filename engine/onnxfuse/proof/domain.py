@@ -18,6 +18,7 @@ import onnx
 from onnxfuse.errors import SourceError
 from onnxfuse.language.pattern import AttrRef
 from onnxfuse.language.rule import Rule
+from onnxfuse.language.yaml_lines import LineMap
 from onnxfuse.ops import element_types, schemas
 from onnxfuse.proof.expr import Expr, ExprError, parse_expr
 
@@ -53,7 +54,7 @@ _DOMAIN_KEYS = {
     ),
     "target": "the target instances are optimized for, where not the check's (cuda)",
 }
-_VAR_KEYS = {"shape", "shapes", "dtype", "constant", "present", "value", "range"}
+_VAR_KEYS = {"shape", "shapes", "dtype", "constant", "present", "value", "range", "reason"}
 _NEGATIVE_KEYS = {
     "input",
     "attribute",
@@ -133,7 +134,10 @@ class VarSpec:
     constant: Spec | None = None
     present: Spec | None = None
     value: Spec | None = None
+    # Random values in [low, high] only: NaN, infinities and values outside are left
+    # out, for ``reason`` (the derived negative cases try them).
     range: tuple[float, float] | None = None
+    reason: str = ""
 
 
 @dataclass
@@ -166,6 +170,10 @@ class Domain:
     special_inputs: frozenset[str] = frozenset(SPECIAL_KINDS)
     special_constants: frozenset[str] = frozenset(SPECIAL_KINDS)
     special_reason: str = ""
+    # The rule changes the result on the excluded special values of graph inputs, as
+    # onnxruntime's own rewrite does (the reason says how): the graph fuzzer then
+    # compares it on plain inputs only.
+    special_differs: bool = False
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
     tolerance_reason: str = ""
     # Integer outputs (quantized values) may differ by this many quantization steps.
@@ -195,7 +203,11 @@ def parse_domain(rule: Rule) -> Domain:
         domain = _parse(rule, raw)
         _check_against_rule(rule, domain)
     except (ExprError, VerifyError) as exc:
-        raise VerifyError(f"{where}: verify: {exc}", *rule.place) from None
+        path, line = rule.place
+        if isinstance(exc, VerifyError) and exc.line is not None:
+            line = exc.line  # the line of the entry at fault, inside the rule
+        message = exc.message if isinstance(exc, VerifyError) else str(exc)
+        raise VerifyError(f"{where}: verify: {message}", path, line) from None
     return domain
 
 
@@ -218,8 +230,13 @@ def _parse(rule: Rule, raw: dict[str, Any]) -> Domain:
         domain.node_attributes[str(node)] = {
             str(k): parse_spec(v, f"node_attributes.{node}.{k}") for k, v in attrs.items()
         }
-    for name, spec in _mapping(raw, "inputs").items():
-        domain.inputs[str(name)] = _var_spec(str(name), spec)
+    inputs = _mapping(raw, "inputs")
+    for name, spec in inputs.items():
+        try:
+            domain.inputs[str(name)] = _var_spec(str(name), spec)
+        except VerifyError as exc:
+            line = inputs.line_of(str(name)) if isinstance(inputs, LineMap) else None
+            raise VerifyError(exc.message, None, exc.line or line) from None
     domain.symbolic = _string_list(raw.get("symbolic"), "symbolic")
     _special_values(domain, raw.get("special_values", True))
     _tolerance(domain, raw.get("tolerance"))
@@ -325,6 +342,15 @@ def _var_spec(name: str, raw: Any) -> VarSpec:
         ):
             raise VerifyError(f"{where}.range: expected [low, high] numbers")
         spec.range = (float(bounds[0]), float(bounds[1]))
+        spec.reason = " ".join(str(raw.get("reason", "")).split())
+        if not spec.reason:
+            raise VerifyError(
+                f"{where}.range: narrowing the values (which leaves NaN, infinities and "
+                f"values outside [{bounds[0]}, {bounds[1]}] out) needs a reason: "
+                f"{name}: {{..., range: [...], reason: ...}}"
+            )
+    elif "reason" in raw:
+        raise VerifyError(f"{where}.reason: a reason is for a 'range'")
     if spec.shapes is None and spec.value is None:
         raise VerifyError(f"{where}: give a 'shape' (or 'shapes', or a 'value')")
     return spec
@@ -444,10 +470,14 @@ def _special_values(domain: Domain, raw: Any) -> None:
         inputs = constants = _kinds(raw, "inputs")
     elif isinstance(raw, dict):
         for key in raw:
-            if key not in ("inputs", "constants", "reason"):
+            if key not in ("inputs", "constants", "reason", "differs"):
                 raise VerifyError(
-                    f"special_values: unknown key '{key}' (inputs, constants, reason)"
+                    f"special_values: unknown key '{key}' (inputs, constants, reason, differs)"
                 )
+        differs = raw.get("differs", False)
+        if not isinstance(differs, bool):
+            raise VerifyError("special_values.differs: true or false")
+        domain.special_differs = differs
         inputs = _kinds(raw.get("inputs", "all"), "inputs")
         constants = _kinds(raw.get("constants", "all"), "constants")
         reason = str(raw.get("reason", "")).strip()

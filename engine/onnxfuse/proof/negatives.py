@@ -14,7 +14,16 @@ May fire, but then must still be exact (the domain's boundary: guards decide):
   - ``dtype``: the instance in another element type;
   - ``runtime-constant``: a constant variable becomes a graph input;
   - ``kept-consumer``, ``kept-output``: a value the rule may ``keep`` gets
-    another consumer or becomes a graph output.
+    another consumer or becomes a graph output;
+  - ``excluded``: a variable holds what the domain leaves out of it, with its
+    reason: NaN, infinities and values outside a ``range``, the special-value
+    kinds ``special_values`` excludes. NaN or an infinity in a constant, a guard
+    can see (``all_finite``): a rule that fires there and changes the result
+    fails. Anything else (those in a graph input, which no guard sees; huge,
+    subnormal or out-of-range finite values, whose rounding the reason explains)
+    changes the result as an expected failure, shown with the reason (and the
+    graph fuzzer, which feeds NaN and infinities to every rule, fails a rule
+    that differs there unless its domain says it ``differs`` on purpose).
 """
 
 from __future__ import annotations
@@ -22,12 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx
 
 from onnxfuse.language.pattern import AttrLiteral, AttrRef
 from onnxfuse.ops import schemas
-from onnxfuse.proof.domain import Domain, Negative
+from onnxfuse.proof.domain import FLOAT_DTYPES, SPECIAL_KINDS, Domain, Negative
 from onnxfuse.proof.draw import RandomDrawer, draw, evaluate
 from onnxfuse.proof.instance import (
     Instance,
@@ -49,7 +59,7 @@ MUST_NOT_FIRE = (
     "constant-literal",
     "declared",
 )
-BOUNDARY = ("dtype", "runtime-constant", "kept-consumer", "kept-output")
+BOUNDARY = ("dtype", "runtime-constant", "kept-consumer", "kept-output", "excluded")
 _OTHER_DTYPES = ("float", "float16", "double", "bfloat16", "int32", "int64", "int8", "bool")
 _OTHER_STRINGS = {
     "constant": "reflect",
@@ -71,6 +81,10 @@ class Mutation:
     spec: InstanceSpec
     must_not_fire: bool
     dtype: str | None = None  # the instance's element type, where the case changes it
+    # For ``excluded`` cases: why the domain leaves the values out, and whether a
+    # changed result is expected (values in a graph input, which no guard sees).
+    reason: str = ""
+    expected: bool = False
 
     def instance(self, base: Instance) -> Instance:
         """The instance this case runs (and a failure saves): ``base`` with its spec."""
@@ -96,6 +110,7 @@ def derive(
             mutations.append(mutation)
     rng = np.random.default_rng(instance.data_seed ^ 0x5EED)
     mutations += _boundary(instance, rng)
+    mutations += _excluded(instance, domain, rng)
     return mutations, notes
 
 
@@ -372,3 +387,91 @@ def _boundary(instance: Instance, rng: np.random.Generator) -> list[Mutation]:
             Mutation("runtime-constant", f"{name} is a graph input, not a constant", spec, False)
         )
     return found
+
+
+_LABELS = {"outside": "values outside its range", "neg_zero": "-0.0", "large": "huge values"}
+
+
+def _excluded(instance: Instance, domain: Domain, rng: np.random.Generator) -> list[Mutation]:
+    """One case per variable and kind of value its domain leaves out: the variable's
+    random data with some elements set to that kind."""
+    found: list[Mutation] = []
+    for key, tensor in instance.spec.tensors.items():
+        if not tensor.variable or tensor.kind == "absent" or tensor.dtype == "bool":
+            continue
+        spec = domain.inputs.get(key.removesuffix("__in"))
+        if spec is not None and spec.value is not None:
+            continue  # a value the domain fixes (a shape, axes): it excludes nothing
+        runtime = tensor.kind == "input"
+        if spec is not None and spec.range is not None:
+            kinds, reason = ["nan", "inf", "outside"], spec.reason
+            what = f"its range is {list(spec.range)}"
+        else:
+            allowed = domain.special_inputs if runtime else domain.special_constants
+            kinds = [k for k in SPECIAL_KINDS if k not in allowed]
+            reason, what = domain.special_reason, "special_values excludes it"
+        if tensor.dtype not in FLOAT_DTYPES:
+            kinds = [k for k in kinds if k in ("outside", "large")]
+        if 0 in tensor.dims or (tensor.value is not None and tensor.value.size == 0):
+            continue
+        for kind in kinds:
+            spec_copy = instance.spec.copy()
+            changed = spec_copy.tensors[key]
+            base = tensor.value
+            if base is None:
+                base = random_array(rng, tensor.dtype, tensor.dims, tensor.range, frozenset())
+            changed.value = _holding(rng, np.array(base), kind, tensor.range)
+            where = "graph input" if runtime else "constant"
+            found.append(
+                Mutation(
+                    "excluded",
+                    f"{key} ({where}) holds {_LABELS.get(kind, kind)} ({what})",
+                    spec_copy,
+                    False,
+                    reason=reason,
+                    # A guard sees NaN and infinities in a constant (all_finite); other
+                    # excluded values are magnitudes whose rounding the reason explains.
+                    expected=runtime or kind not in ("nan", "inf"),
+                )
+            )
+    return found
+
+
+def _holding(
+    rng: np.random.Generator,
+    array: np.ndarray,
+    kind: str,
+    value_range: tuple[float, float] | None,
+) -> np.ndarray:
+    """``array`` with a quarter of its elements (at least one) of ``kind``."""
+    flat = array.reshape(-1).copy()
+    count = max(1, flat.size // 4)
+    positions = rng.choice(flat.size, size=count, replace=False)
+    signs = rng.choice([-1.0, 1.0], size=count)
+    if flat.dtype.kind in "iu":
+        info = np.iinfo(flat.dtype)
+        if kind == "outside" and value_range is not None:
+            low, high = value_range
+            values = np.where(signs < 0, max(low - 4, info.min), min(high + 4, info.max))
+        else:
+            values = np.where(signs < 0, info.min, info.max)
+    else:
+        finfo = ml_dtypes.finfo(flat.dtype)
+        if kind == "nan":
+            values = np.full(count, np.nan)
+        elif kind == "inf":
+            values = signs * np.inf
+        elif kind == "outside":
+            assert value_range is not None
+            low, high = value_range
+            width = max(high - low, 1.0)
+            values = np.where(signs < 0, low - width, high + width)
+        elif kind == "neg_zero":
+            values = np.full(count, -0.0)
+        elif kind == "subnormal":
+            values = signs * float(finfo.smallest_subnormal)
+        else:  # large
+            values = signs * float(finfo.max) * rng.uniform(0.25, 1.0, size=count)
+    with np.errstate(over="ignore", invalid="ignore"):
+        flat[positions] = np.asarray(values).astype(flat.dtype)
+    return flat.reshape(array.shape)

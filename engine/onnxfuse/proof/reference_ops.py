@@ -1,9 +1,11 @@
 """Reference definitions: ops with no CPU kernel, computed from standard ops.
 
 A rule may create an op that onnxruntime runs only on another provider
-(com.microsoft.NhwcConv: CUDA and DirectML). To check such a rewrite on this
-machine, a pack ships a *reference definition* of the op: an ONNX function in
-the text syntax, in ``rules/<pack>/reference/*.yaml``::
+(com.microsoft.NhwcConv: CUDA and DirectML), or a vendor's own op (acme.ConvRelu).
+To check such a rewrite on this machine, a pack ships a *reference definition* of
+the op: an ONNX function in the text syntax, in ``<pack>/reference/*.yaml``, read
+from every built-in pack and every pack or rule file loaded in the run
+(``language.packs.reference_folders``)::
 
     description: what the definitions are for
     functions:
@@ -21,34 +23,81 @@ definition* of the op, not against the provider's kernel.
 from __future__ import annotations
 
 import functools
-from importlib import resources
 from pathlib import Path
 
 import onnx
 import onnx.inliner
 import onnx.parser
-import yaml
 
-REFERENCE_FOLDER = "reference"
+from onnxfuse.errors import RuleError, SourceError
+from onnxfuse.language.packs import reference_folders
+from onnxfuse.language.yaml_lines import LineList, LineMap, load_yaml
+
+# What onnxruntime says when a model holds an op it has no kernel or schema for.
+_NO_KERNEL = ("is not a registered function/op", "Could not find an implementation")
+_STANDARD = ("", "ai.onnx")
 
 
-def _rules_dir() -> Path:
-    return Path(str(resources.files("onnxfuse.builtin_rules")))
+def reference_functions() -> dict[tuple[str, str], onnx.FunctionProto]:
+    """(domain, op type) -> its definition, from the reference folders of the packs in use."""
+    return _definitions_in(tuple(reference_folders()))
 
 
 @functools.cache
-def reference_functions() -> dict[tuple[str, str], onnx.FunctionProto]:
-    """(domain, op type) -> its definition, from every built-in pack's reference folder."""
+def _definitions_in(folders: tuple[Path, ...]) -> dict[tuple[str, str], onnx.FunctionProto]:
     found: dict[tuple[str, str], onnx.FunctionProto] = {}
-    for path in sorted(_rules_dir().glob(f"*/{REFERENCE_FOLDER}/*.yaml")):
-        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        for text in document.get("functions") or []:
-            function = onnx.parser.parse_function(text)
-            key = (function.domain, function.name)
-            if key in found:
-                raise ValueError(f"{path}: a second reference definition of {key[0]}.{key[1]}")
-            found[key] = function
+    for folder in folders:
+        for path in sorted(folder.glob("*.yaml")):
+            for key, function in _read_definitions(path):
+                if key in found:
+                    raise RuleError(
+                        f"a second reference definition of {key[0]}.{key[1]}", str(path)
+                    )
+                found[key] = function
     return found
+
+
+def _read_definitions(path: Path) -> list[tuple[tuple[str, str], onnx.FunctionProto]]:
+    try:
+        document = load_yaml(path.read_text(encoding="utf-8"))
+    except SourceError as exc:
+        raise RuleError(exc.message, str(path), exc.line) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleError(f"cannot read reference definitions: {exc}", str(path)) from None
+    functions = document.get("functions") if isinstance(document, LineMap) else None
+    if not isinstance(functions, LineList):
+        raise RuleError(
+            "a reference file is a mapping with a 'functions' list of ONNX functions", str(path), 1
+        )
+    found = []
+    for text, line in zip(functions, functions.item_lines):
+        try:
+            function = onnx.parser.parse_function(str(text))
+        except Exception as exc:  # onnx's parser raises its own error types
+            raise RuleError(f"not an ONNX function: {exc}", str(path), line) from None
+        found.append(((function.domain, function.name), function))
+    return found
+
+
+def missing_definitions(model: onnx.ModelProto, error: str) -> str:
+    """How to run the ops onnxruntime could not (``error``, its message) by giving them a
+    reference definition; "" when the error is not about an op it lacks."""
+    if not any(text in error for text in _NO_KERNEL):
+        return ""
+    definitions = reference_functions()
+    wanted = sorted(
+        f"{domain}.{op}"
+        for domain, op in _used_ops(model)
+        if domain not in _STANDARD and (domain, op) not in definitions and op in error
+    )
+    if not wanted:
+        return ""
+    return (
+        f"; onnxruntime has no kernel for {', '.join(wanted)}: give "
+        f"{'it' if len(wanted) == 1 else 'each'} a reference definition, an ONNX function "
+        "computing it from standard ops, in <your pack>/reference/*.yaml (docs/rules.md, "
+        '"Ops with no CPU kernel")'
+    )
 
 
 def _used_ops(model: onnx.ModelProto) -> set[tuple[str, str]]:
