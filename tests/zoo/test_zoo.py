@@ -71,8 +71,8 @@ KNOWN_GAPS: dict[str, str] = {
         "Attention with weights concatenated at run time; onnxfuse keeps the three MatMuls "
         "under MultiHeadAttention, since the int8 weights stay int8 (Cast + Mul, as "
         "onnxscript keeps them) and packing them would concatenate on every run. Each "
-        "attention also keeps 4 nodes that give a NaN row the source's value (onnxscript's "
-        "fusion turns it into NaN), and V's bias stays an Add, which those nodes read"
+        "attention also keeps 4 nodes that give a NaN row the source's value (the fused op "
+        "alone gives NaN there), and V's bias stays an Add, which those nodes read"
     ),
 }
 
