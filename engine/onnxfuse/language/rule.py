@@ -50,6 +50,9 @@ class Rule:
     verify: dict[str, Any] = field(default_factory=dict)
     copy_attributes: dict[str, str] = field(default_factory=dict)
     keep: frozenset[str] = frozenset()
+    # The rewrite leaves QDQ node units whole (a level-1 Q/DQ cleanup): it also runs for
+    # a target that consumes units, which still refuses a match touching a unit's node.
+    keeps_units: bool = False
     pack: str = ""
     origin: str = ""
     phase: str = PHASES[0]  # set from the pack manifest's `phase`
