@@ -9,8 +9,9 @@ Asserted per model and target:
 - no constant behind a DequantizeLinear or QuantizeLinear is lost for qnn and nnapi
   (their hardware runs the quantized weights: the weights stay quantized);
 - the result is at most 1.05x the input's size (quantization is never undone), the
-  inferred types onnxfuse records as value_info left out (a reason its report states; on
-  these small models they are up to 13% of the file);
+  inferred types onnxfuse records as value_info and each created node's provenance left
+  out (reasons its report states; on these small models they are up to 13% and 18% of
+  the file: tests/helpers.py, `model_bytes`);
 - its outputs are within one quantization step of the original's, and move at all only
   where onnxruntime's own ORT_ENABLE_EXTENDED result moves them too;
 - for cpu, an S8S8 model's activations are all uint8 and its weights still int8;
@@ -34,6 +35,7 @@ pytest.importorskip("onnxruntime.quantization")
 
 from exports.anchors import compare, run, session
 from exports.quantize import CORPUS, differences, get_quantized, output_steps
+from helpers import model_bytes
 from onnx import numpy_helper
 
 from onnxfuse.api import select_rules
@@ -88,14 +90,6 @@ def _ran(result) -> None:
 def _constants(model: onnx.ModelProto) -> set[str]:
     names = {i.name for i in model.graph.initializer}
     return names | {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-
-
-def model_bytes(model: onnx.ModelProto) -> int:
-    """The serialized size without value_info."""
-    stripped = onnx.ModelProto()
-    stripped.CopyFrom(model)
-    del stripped.graph.value_info[:]
-    return stripped.ByteSize()
 
 
 def quantized_constants(model: onnx.ModelProto) -> int:
