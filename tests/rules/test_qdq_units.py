@@ -165,7 +165,8 @@ def test_cpu_fuses_conv_gemm_and_matmul_units_without_moving_the_output(form, ta
     # With int8 allowed, the activations stay as quantized (no int8 -> uint8 conversion).
     types = {i.name: i.data_type for i in result.graph.initializer}
     conv = next(n for n in result.graph.node if n.op_type == "QLinearConv")
-    assert types[conv.input[2]] == (onnx.TensorProto.INT8 if "int8" in target else onnx.TensorProto.UINT8)
+    activations = onnx.TensorProto.INT8 if "int8" in target else onnx.TensorProto.UINT8
+    assert types[conv.input[2]] == activations
 
 
 def test_s8s8_units_fuse_on_plain_cpu_once_their_activations_are_uint8(tmp_path):

@@ -68,9 +68,12 @@ def _growth(source: Path, output: Path) -> Iterator[tuple[str, int]]:
     recorded = provenance_bytes(new) - provenance_bytes(old)
     if recorded > 0:
         yield (
-            f"each created node records the rule and the nodes it replaced "
-            f"(--no-provenance leaves it out) (+{_human(recorded)})"
-        ), recorded
+            (
+                f"each created node records the rule and the nodes it replaced "
+                f"(--no-provenance leaves it out) (+{_human(recorded)})"
+            ),
+            recorded,
+        )
     tensors_before, tensors_after = _tensors(old.graph), _tensors(new.graph)
     weights = sum(map(_tensor_bytes, tensors_after)) - sum(map(_tensor_bytes, tensors_before))
     if weights > 0:

@@ -18,8 +18,8 @@ from onnxfuse.graph.names import NameSource
 from onnxfuse.graph.traversal import all_graphs, owned_graphs
 from onnxfuse.ops.inference import InferredTypes, infer_shapes
 from onnxfuse.passes.shared_weights import deduplicate_large_initializers
-from onnxfuse.rewrite.qdq_units import QDQ_OPS
 from onnxfuse.passes.state import RunState
+from onnxfuse.rewrite.qdq_units import QDQ_OPS
 
 
 class NormalizePass(ir.passes.InPlacePass):
@@ -187,7 +187,7 @@ _DISTINCT = "_onnxfuse_distinct"
 
 
 def _mark_qdq_distinct(model: ir.Model) -> list[ir.Node]:
-    marked = []
+    marked: list[ir.Node] = []
     for graph in all_graphs(model):
         for node in graph:
             if node.domain in ("", "ai.onnx") and node.op_type in QDQ_OPS:
