@@ -145,7 +145,7 @@ rules:
 def model_bytes(model: onnx.ModelProto) -> int:
     """The serialized size without what onnxfuse records beside the computation, each a
     reason its report states: the inferred types as value_info and each created node's
-    provenance (on small test models they are up to 13% and 18% of the file)."""
+    provenance (on the quantized corpus up to 24% and 18% of the file)."""
     from onnxfuse.files.model_size import provenance_bytes
 
     stripped = onnx.ModelProto()

@@ -11,7 +11,7 @@ Asserted per model and target:
   node unit of the input is still a unit there (propagation may add units);
 - the result is at most 1.05x the input's size (quantization is never undone), the
   inferred types onnxfuse records as value_info and each created node's provenance left
-  out (reasons its report states; on these small models they are up to 13% and 18% of
+  out (reasons its report states; on these small models they are up to 24% and 18% of
   the file: tests/helpers.py, `model_bytes`);
 - its outputs are within one quantization step of the original's (or, where
   onnxruntime's own ORT_ENABLE_EXTENDED result moves them further, no further than it),
