@@ -436,3 +436,33 @@ def test_a_rule_declaring_it_keeps_units_is_still_refused_on_a_unit_node():
 def test_keeps_units_must_be_true_or_false():
     with pytest.raises(RuleError, match=r":4: 'keeps_units' must be true or false"):
         parse_rule_text(_DROP_RELU.format(declared="1"), "drop.yaml")
+
+
+def test_a_gemm_whose_weight_scale_and_zero_point_differ_in_shape_stays_a_unit():
+    # QGemm's CheckInputs refuses b's scale [] with zero point [1]: the DQ accepts both.
+    inits = [
+        numpy_helper.from_array(np.array(0.0625, np.float32), "sa"),
+        numpy_helper.from_array(np.array(128, np.uint8), "az"),
+        numpy_helper.from_array(np.array([[7]], np.uint8), "b"),
+        numpy_helper.from_array(np.array(0.0142, np.float32), "bs"),
+        numpy_helper.from_array(np.array([0], np.uint8), "bz"),
+        numpy_helper.from_array(np.array(0.5, np.float32), "ys"),
+        numpy_helper.from_array(np.array(146, np.uint8), "yz"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["a", "sa", "az"], ["A"]),
+        helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["B"], axis=0),
+        helper.make_node("Gemm", ["A", "B"], ["C"], transB=1),
+        helper.make_node("QuantizeLinear", ["C", "ys", "yz"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_input("a", [1, 1], onnx.TensorProto.UINT8)],
+        [tensor_input("y", [1, 1], onnx.TensorProto.UINT8)],
+        inits,
+        opset=13,
+    )
+    result = optimized(model, "cpu")
+    assert "QGemm" not in counts(result) and counts(result)["Gemm"] == 1
+    feeds = {"a": np.array([[9]], np.uint8)}
+    np.testing.assert_array_equal(run(result, feeds)[0], run(model, feeds)[0])
