@@ -9,7 +9,7 @@ tests/models/test_quantized_corpus.py asserts on) and BENCH_CORPUS (ResNet and
 MobileNetV2 on one 224x224 image, S8S8 and U8S8), all made by onnxruntime.quantization and
 cached. For each, in one process:
 
-- node counts of the original, onnxfuse for cpu and for qnn, onnxruntime's session
+- node counts of the original, onnxfuse for cpu, cpu:layout=nhwc and qnn, onnxruntime's session
   optimizer at ORT_ENABLE_EXTENDED and at ORT_ENABLE_ALL (the saved optimized models),
   and onnxscript (optimizer, then its ORT fusions);
 - the quantized ops (QLinear*, QGemm, MatMulInteger*, DynamicQuantizeMatMul,
@@ -19,7 +19,9 @@ cached. For each, in one process:
   from), or, for an output computed in float, in units of the float tolerance; and how
   far the original's and onnxfuse's cpu result move when run at ORT_ENABLE_ALL;
 - latency under onnxruntime (CPU, T threads): onnxfuse's cpu result at ORT_DISABLE_ALL
-  and at ORT_ENABLE_ALL, and ORT_ENABLE_EXTENDED's saved result at ORT_DISABLE_ALL,
+  and at ORT_ENABLE_ALL, its cpu:layout=nhwc result (channels-last QLinearConv, what
+  onnxruntime adds at ORT_ENABLE_ALL) at ORT_DISABLE_ALL, and ORT_ENABLE_EXTENDED's
+  saved result at ORT_DISABLE_ALL,
   each relative to the original at ORT_ENABLE_ALL: median of N round-robin runs
   (tests/exports/anchors.py `round_robin`).
 
@@ -62,9 +64,20 @@ ALL, NONE = ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLeve
 SECTION = "## Quantized models"
 QUANTIZED_OPS = ("QLinear", "QGemm", "Integer", "DynamicQuantizeMatMul", "MatMulNBits")
 # The results whose outputs are compared with the original's, in table order.
-STEPPED = ("onnxfuse", "onnxfuse-qnn", "ort-extended", "ort-all", "orig-all", "fuse-all")
+STEPPED = (
+    "onnxfuse",
+    "onnxfuse-nhwc",
+    "onnxfuse-qnn",
+    "ort-extended",
+    "ort-all",
+    "orig-all",
+    "fuse-all",
+)
 # The timed variants; the first is the baseline.
-TIMED = ("orig-all", "fuse-none", "fuse-all", "ext-none")
+TIMED = ("orig-all", "fuse-none", "nhwc-none", "fuse-all", "ext-none")
+# onnxfuse for cpu with channels-last convolutions (the nhwc pack), as onnxruntime's
+# NhwcTransformer makes QLinearConv at ORT_ENABLE_ALL.
+NHWC = "cpu:layout=nhwc"
 
 
 def quantized_ops(ops: collections.Counter) -> str:
@@ -84,7 +97,7 @@ def measure(name: str, rules, runs: int, threads: int, work: Path) -> dict:
         feeds,
         rules,
         ("onnxfuse", "ort-extended", "onnxscript"),
-        ("qnn",),
+        ("qnn", NHWC),
     )
     ort_all = workdir / "ort-all.onnx"
     saving_session(quantized.path, ALL, saved=ort_all)
@@ -100,13 +113,14 @@ def measure(name: str, rules, runs: int, threads: int, work: Path) -> dict:
     }
     paths = {
         "onnxfuse": results["onnxfuse"].path,
+        "onnxfuse-nhwc": results[f"onnxfuse-{NHWC}"].path,
         "onnxfuse-qnn": results["onnxfuse-qnn"].path,
         "ort-extended": results["ort-extended"].path,
         "ort-all": ort_all,
         "onnxscript": results["onnxscript"].path,
     }
     for tool, path in paths.items():
-        result = results.get(tool)
+        result = results.get(f"onnxfuse-{NHWC}" if tool == "onnxfuse-nhwc" else tool)
         if path is None or not path.exists():
             row["errors"][tool] = result.error if result is not None else "no result"
             continue
@@ -124,6 +138,7 @@ def measure(name: str, rules, runs: int, threads: int, work: Path) -> dict:
     timed = {
         "orig-all": (quantized.path, ALL),
         "fuse-none": (paths["onnxfuse"], NONE),
+        "nhwc-none": (paths["onnxfuse-nhwc"], NONE),
         "fuse-all": (paths["onnxfuse"], ALL),
         "ext-none": (paths["ort-extended"], NONE),
     }
@@ -154,15 +169,15 @@ def _steps(row: dict, tool: str) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    tools = ("onnxfuse", "onnxfuse-qnn", "ort-extended", "ort-all", "onnxscript")
+    tools = ("onnxfuse", "onnxfuse-nhwc", "onnxfuse-qnn", "ort-extended", "ort-all", "onnxscript")
     header = (
-        "| model | original | onnxfuse cpu | onnxfuse qnn | ORT ext | ORT all | onnxscript "
-        "| quantized ops, onnxfuse cpu | quantized ops, ORT ext "
-        "| steps onnxfuse cpu | steps onnxfuse qnn | steps ORT ext | steps ORT all "
-        "| steps orig@all | steps fuse@all "
-        "| fuse@none | fuse@all | ORT ext@none | ms orig@all |"
+        "| model | original | onnxfuse cpu | onnxfuse cpu nhwc | onnxfuse qnn | ORT ext "
+        "| ORT all | onnxscript | quantized ops, onnxfuse cpu | quantized ops, ORT ext "
+        "| steps onnxfuse cpu | steps onnxfuse cpu nhwc | steps onnxfuse qnn | steps ORT ext "
+        "| steps ORT all | steps orig@all | steps fuse@all "
+        "| fuse@none | fuse nhwc@none | fuse@all | ORT ext@none | ms orig@all |"
     )
-    out = [header, "|" + "---|" * 19]
+    out = [header, "|" + "---|" * 22]
     for row in rows:
         nodes = [str(row["nodes"].get(t, "✗")) for t in tools]
         ratios = [f"{row['ratio'][k]:.2f}" if k in row["ratio"] else "-" for k in TIMED[1:]]
@@ -203,8 +218,11 @@ def section(rows: list[dict], record: dict) -> list[str]:
         "quantization steps of that output († : an output computed in float, in units of the "
         "float tolerance 1e-4 relative, 1e-5 absolute); `steps orig@all`, `steps fuse@all`: "
         "the original and onnxfuse's cpu result run at ORT_ENABLE_ALL, against the original "
-        "run with optimizations off. `fuse@none`, `fuse@all`: onnxfuse's "
-        "cpu result at ORT_DISABLE_ALL and ORT_ENABLE_ALL, `ORT ext@none`: onnxruntime's "
+        "run with optimizations off. `onnxfuse cpu nhwc`: onnxfuse for `cpu:layout=nhwc` "
+        "(channels-last QLinearConv, as onnxruntime's NhwcTransformer makes at ORT_ENABLE_ALL). "
+        "`fuse@none`, `fuse nhwc@none`, `fuse@all`: onnxfuse's cpu result at ORT_DISABLE_ALL, "
+        "its cpu:layout=nhwc result at ORT_DISABLE_ALL and its cpu result at "
+        "ORT_ENABLE_ALL, `ORT ext@none`: onnxruntime's "
         "ORT_ENABLE_EXTENDED result saved and run at ORT_DISABLE_ALL, each as a ratio to the "
         "original at ORT_ENABLE_ALL (`ms orig@all`, median; below 1: faster). The `-bench` "
         "models are one 224x224 image; the others are test-size, where latency is mostly "

@@ -159,3 +159,15 @@ def residual_norm(shape=(2, 16, 128)) -> onnx.ModelProto:
     ]
     inputs = [tensor_input("x", shape), tensor_input("skip", shape)]
     return make_model(nodes, inputs, [tensor_input("y", shape)], inits, opset=17)
+
+
+def model_bytes(model: onnx.ModelProto) -> int:
+    """The serialized size without what onnxfuse records beside the computation, each a
+    reason its report states: the inferred types as value_info and each created node's
+    provenance (on the quantized corpus up to 24% and 18% of the file)."""
+    from onnxfuse.files.model_size import provenance_bytes
+
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    del stripped.graph.value_info[:]
+    return stripped.ByteSize() - provenance_bytes(stripped)

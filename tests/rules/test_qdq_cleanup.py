@@ -1,4 +1,4 @@
-"""rules/qdq/cleanup.yaml (every target) and rules/qdq_cpu/cleanup.yaml (cpu, dml) on
+"""rules/qdq/cleanup.yaml (every target) and rules/qdq_cpu/cleanup.yaml (cpu) on
 hand-built QDQ graphs: which target gets which cleanup, the int8 -> uint8 conversion where
 onnxruntime's own leaves a QuantizeLinear with several consumers, and the cases the rules
 must leave alone (per-axis scales, a DequantizeLinear with another use). Each rule's own
@@ -33,7 +33,7 @@ def _optimize(model, target: str):
     return optimize_proto(model, select_rules(target=target), target=load_target(target))[1]
 
 
-@pytest.mark.parametrize("target", ["qnn", "nnapi", "xnnpack", "coreml"])
+@pytest.mark.parametrize("target", ["qnn", "nnapi", "xnnpack", "coreml", "dml"])
 def test_providers_that_consume_node_units_get_only_the_level_one_cleanups(target):
     names = {rule.name for rule in select_rules(target=target)}
     assert not names & set(CPU_ONLY), names & set(CPU_ONLY)
@@ -98,14 +98,49 @@ def test_onnxruntime_leaves_the_shared_int8_pair_that_onnxfuse_converts(tmp_path
 def test_qnn_keeps_int8_and_the_units():
     model = _residual()
     optimized = _optimize(model, "qnn")
-    # (The two equal DequantizeLinears of q are one after common-subexpression elimination;
-    # onnxruntime's EnsureUniqueDQForNodeUnit copies them again before partitioning.)
-    assert _ops(optimized) - Counter({"DequantizeLinear": 1}) == _ops(model) - Counter(
-        {"DequantizeLinear": 2}
-    )
+    # The two equal DequantizeLinears of q stay two (common-subexpression elimination
+    # leaves Qs and DQs apart for such a target): one per unit, as the model has them.
+    assert _ops(optimized) == _ops(model)
     types = {i.name: i.data_type for i in optimized.graph.initializer}
     pairs = [n for n in optimized.graph.node if "Quantize" in n.op_type]
     assert all(types[n.input[2]] == TensorProto.INT8 for n in pairs)
+
+
+def _double_pair_then_transpose():
+    """x -> Q -> DQ -> Q -> DQ (equal parameters) -> Transpose -> Add -> Q -> DQ: a DQ -> Q
+    pair to cancel, and a Transpose no Q reads, which propagation makes a unit."""
+    inits = [_scalar("s", 0.05, np.float32), _scalar("z", 131, np.uint8)]  # nnapi: uint8
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q1"]),
+        helper.make_node("DequantizeLinear", ["q1", "s", "z"], ["d1"]),
+        helper.make_node("QuantizeLinear", ["d1", "s", "z"], ["q2"]),
+        helper.make_node("DequantizeLinear", ["q2", "s", "z"], ["d2"]),
+        helper.make_node("Transpose", ["d2"], ["t"], perm=[1, 0]),
+        helper.make_node("Add", ["t", "t"], ["a"]),
+        helper.make_node("QuantizeLinear", ["a", "s", "z"], ["qa"]),
+        helper.make_node("DequantizeLinear", ["qa", "s", "z"], ["y"]),
+    ]
+    return make_model(
+        nodes, [tensor_input("x", [2, 8])], [tensor_input("y", [8, 2])], inits, opset=13
+    )
+
+
+@pytest.mark.parametrize("target", ["qnn", "nnapi", "dml"])
+def test_the_level_one_cleanups_fire_for_providers_that_consume_units(target):
+    # onnxruntime runs them for every provider before partitioning; they touch only Qs
+    # and DQs that belong to no unit (keeps_units: true), and leave the units whole.
+    model = _double_pair_then_transpose()
+    report, optimized = optimize_proto(
+        model, select_rules(target=target), target=load_target(target)
+    )
+    assert report.rules["qdq-dequantize-quantize"].applied == 1
+    assert report.rules["qdq-propagate-forward[Transpose]"].applied == 1
+    # One pair gone, one pair after the Transpose: DQ -> Transpose -> Q and DQ -> Add -> Q.
+    assert _ops(optimized) == _ops(model)
+    order = [n.op_type for n in optimized.graph.node]
+    assert order.index("Transpose") < order.index("QuantizeLinear", order.index("Transpose"))
+    x = (np.random.default_rng(0).standard_normal((2, 8)) * 8).astype(np.float32)
+    np.testing.assert_array_equal(run(optimized, {"x": x})[0], run(model, {"x": x})[0])
 
 
 def _dq_transpose_q(axis_scale: bool, shared: bool = False):

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from helpers import make_model, optimize_proto, run, tensor_input
+from helpers import make_model, model_bytes, optimize_proto, run, tensor_input
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import (
     CalibrationDataReader,
@@ -22,7 +22,8 @@ from onnxruntime.quantization import (
 
 from onnxfuse import api
 from onnxfuse.cli.main import main
-from onnxfuse.errors import OnnxfuseError
+from onnxfuse.errors import OnnxfuseError, RuleError
+from onnxfuse.language.rulefile import parse_rule_text
 from onnxfuse.language.yaml_lines import load_yaml
 from onnxfuse.rewrite.qdq_units import is_unit_op
 from onnxfuse.targets.capabilities import TargetError, load_target, parse_target
@@ -160,15 +161,39 @@ def test_cpu_fuses_conv_gemm_and_matmul_units_without_moving_the_output(form, ta
     assert ops["QLinearAdd"] == 1 and ops["QLinearGlobalAveragePool"] == 1
     assert ops["Conv"] == ops["Gemm"] == ops["MatMul"] == ops["Add"] == 0
     assert steps(model, result) <= 1
-    assert result.ByteSize() <= 1.05 * model.ByteSize()
+    assert model_bytes(result) <= 1.05 * model_bytes(model)
+    # With int8 allowed, the activations stay as quantized (no int8 -> uint8 conversion).
+    types = {i.name: i.data_type for i in result.graph.initializer}
+    conv = next(n for n in result.graph.node if n.op_type == "QLinearConv")
+    activations = onnx.TensorProto.INT8 if "int8" in target else onnx.TensorProto.UINT8
+    assert types[conv.input[2]] == activations
 
 
-def test_int8_activation_convs_and_matmuls_stay_units_for_plain_cpu(tmp_path):
-    """onnxruntime fuses them on Arm only: its x86 int8 kernels are slower than the unit."""
-    result = optimized(quantized(small_cnn(), "s8s8-per-channel", tmp_path), "cpu")
+def test_s8s8_units_fuse_on_plain_cpu_once_their_activations_are_uint8(tmp_path):
+    """qdq_cpu's int8 -> uint8 conversion makes every Q -> DQ pair uint8 (zero point +128),
+    and the units it leaves are U8S8 ones, which fuse without int8=on."""
+    model = quantized(small_cnn(), "s8s8-per-channel", tmp_path)
+    result = optimized(model, "cpu")
     ops = counts(result)
-    assert ops["Conv"] == 2 and ops["MatMul"] == 1 and ops["QLinearConv"] == 0
-    assert ops["QGemm"] == 1 and ops["QLinearAdd"] == 1  # no such condition there
+    assert ops["QLinearConv"] == 2 and ops["QLinearMatMul"] == 1 and ops["QGemm"] == 1
+    assert ops["Conv"] == ops["MatMul"] == ops["Gemm"] == 0
+    fused = [n for n in result.graph.node if n.op_type in ("QLinearConv", "QLinearMatMul")]
+    types = {i.name: i.data_type for i in result.graph.initializer}
+    assert {types[n.input[2]] for n in fused} == {onnx.TensorProto.UINT8}  # x's zero point
+    assert {types[n.input[5]] for n in fused} == {onnx.TensorProto.INT8}  # w's
+    assert steps(model, result) <= 1
+
+
+def test_int8_activation_convs_stay_units_for_plain_cpu():
+    """An int8 unit no Q -> DQ pair feeds (the model's input is int8) stays int8: onnxruntime
+    fuses it on Arm only, its x86 int8 kernels being slower than the unit."""
+    model = _conv_relu_unit(onnx.TensorProto.INT8, relu=False)
+    assert counts(optimized(model, "cpu"))["Conv"] == 1
+    result = optimized(model, "cpu:int8=on")
+    assert [n.op_type for n in result.graph.node] == ["QLinearConv"]
+    feeds = {"x": np.random.default_rng(0).integers(-128, 128, (1, 2, 3, 3)).astype(np.int8)}
+    got, want = run(result, feeds)[0].astype(int), run(model, feeds)[0].astype(int)
+    assert np.max(np.abs(got - want)) <= 1
 
 
 def test_a_dequantized_matmul_with_a_float_output_becomes_matmul_integer_to_float():
@@ -197,17 +222,22 @@ def test_a_dequantized_matmul_with_a_float_output_becomes_matmul_integer_to_floa
     np.testing.assert_allclose(run(result, feeds)[0], run(model, feeds)[0], rtol=1e-5)
 
 
-def _conv_relu_unit() -> onnx.ModelProto:
-    """DQ -> Conv -> Relu -> Q, the Relu left for the Q to make redundant."""
+def _conv_relu_unit(
+    activations: int = onnx.TensorProto.UINT8, relu: bool = True, y_zero: int | None = None
+) -> onnx.ModelProto:
+    """DQ -> Conv -> Relu -> Q; with the default ``y_zero`` (its type's lowest value) the
+    Relu is left for the Q to make redundant."""
     rng = np.random.default_rng(0)
+    dtype = helper.tensor_dtype_to_np_dtype(activations)
+    lowest = int(np.iinfo(dtype).min)
     inits = [
         numpy_helper.from_array(np.array(0.02, np.float32), "xs"),
-        numpy_helper.from_array(np.array(128, np.uint8), "xz"),
+        numpy_helper.from_array(np.array(lowest + 128, dtype), "xz"),
         numpy_helper.from_array(rng.integers(-127, 128, (4, 2, 1, 1)).astype(np.int8), "w"),
         numpy_helper.from_array(np.array(0.01, np.float32), "ws"),
         numpy_helper.from_array(np.array(0, np.int8), "wz"),
         numpy_helper.from_array(np.array(0.05, np.float32), "ys"),
-        numpy_helper.from_array(np.array(0, np.uint8), "yz"),
+        numpy_helper.from_array(np.array(lowest if y_zero is None else y_zero, dtype), "yz"),
     ]
     nodes = [
         helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["a"]),
@@ -216,19 +246,32 @@ def _conv_relu_unit() -> onnx.ModelProto:
         helper.make_node("Relu", ["c"], ["r"]),
         helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["y"]),
     ]
+    if not relu:
+        nodes = [n for n in nodes if n.op_type != "Relu"]
+        nodes[2].output[0] = "r"
     return make_model(
         nodes,
-        [tensor_input("x", [1, 2, 3, 3], onnx.TensorProto.UINT8)],
-        [tensor_input("y", [1, 4, 3, 3], onnx.TensorProto.UINT8)],
+        [tensor_input("x", [1, 2, 3, 3], activations)],
+        [tensor_input("y", [1, 4, 3, 3], activations)],
         inits,
     )
 
 
 def test_a_float_fusion_leaves_the_conv_of_a_unit_alone():
+    # Zero point 10: the Relu clamps where the Q does not, so it stays in the unit.
+    result = optimized(_conv_relu_unit(y_zero=10), "cpu")
+    assert "FusedConv" not in counts(result)
+    assert counts(result)["Conv"] == 1 and counts(result)["Relu"] == 1
+
+
+def test_a_relu_the_q_makes_redundant_goes_and_the_unit_fuses_on_cpu():
+    # qdq_cpu's qdq-relu-quantize drops it (zero point 0), then qdq-conv fuses the unit.
     model = _conv_relu_unit()
     result = optimized(model, "cpu")
-    assert "FusedConv" not in counts(result)
-    assert counts(result)["Conv"] == 1
+    assert [n.op_type for n in result.graph.node] == ["QLinearConv"]
+    feeds = {"x": np.random.default_rng(0).integers(0, 256, (1, 2, 3, 3)).astype(np.uint8)}
+    got, want = run(result, feeds)[0].astype(int), run(model, feeds)[0].astype(int)
+    assert np.max(np.abs(got - want)) <= 1
 
 
 # -- units kept whole for the providers that consume them ------------------------------
@@ -362,3 +405,64 @@ def test_the_int8_parameter_reads_on_off_and_auto(monkeypatch):
     assert parse_params("cpu", "int8=auto") == {}
     with pytest.raises(OnnxfuseError, match="int8='yes': expected on, off or auto"):
         parse_params("cpu", "int8=yes")
+
+
+_DROP_RELU = """
+rules:
+  - name: drop-relu
+    keeps_units: {declared}
+    source: |
+      r (x) => (y) {{
+        y = Relu(x)
+      }}
+    replacement: |
+      r (x) => (x) {{
+      }}
+"""
+
+
+def test_a_rule_declaring_it_keeps_units_is_still_refused_on_a_unit_node():
+    # keeps_units lifts the ban on Qs and DQs outside units only: this Relu is the unit's.
+    (rule,) = parse_rule_text(_DROP_RELU.format(declared="true"))
+    assert rule.keeps_units
+    target = load_target("nnapi")
+    report, result = optimize_proto(_conv_relu_unit(y_zero=10), [rule], target=target)
+    assert counts(result)["Relu"] == 1
+    assert "is part of a QDQ node unit (target 'nnapi' consumes QDQ units itself)" in str(
+        report.rules["drop-relu"].blocked_reason
+    )
+
+
+def test_keeps_units_must_be_true_or_false():
+    with pytest.raises(RuleError, match=r":4: 'keeps_units' must be true or false"):
+        parse_rule_text(_DROP_RELU.format(declared="1"), "drop.yaml")
+
+
+def test_a_gemm_whose_weight_scale_and_zero_point_differ_in_shape_stays_a_unit():
+    # QGemm's CheckInputs refuses b's scale [] with zero point [1]: the DQ accepts both.
+    inits = [
+        numpy_helper.from_array(np.array(0.0625, np.float32), "sa"),
+        numpy_helper.from_array(np.array(128, np.uint8), "az"),
+        numpy_helper.from_array(np.array([[7]], np.uint8), "b"),
+        numpy_helper.from_array(np.array(0.0142, np.float32), "bs"),
+        numpy_helper.from_array(np.array([0], np.uint8), "bz"),
+        numpy_helper.from_array(np.array(0.5, np.float32), "ys"),
+        numpy_helper.from_array(np.array(146, np.uint8), "yz"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["a", "sa", "az"], ["A"]),
+        helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["B"], axis=0),
+        helper.make_node("Gemm", ["A", "B"], ["C"], transB=1),
+        helper.make_node("QuantizeLinear", ["C", "ys", "yz"], ["y"]),
+    ]
+    model = make_model(
+        nodes,
+        [tensor_input("a", [1, 1], onnx.TensorProto.UINT8)],
+        [tensor_input("y", [1, 1], onnx.TensorProto.UINT8)],
+        inits,
+        opset=13,
+    )
+    result = optimized(model, "cpu")
+    assert "QGemm" not in counts(result) and counts(result)["Gemm"] == 1
+    feeds = {"a": np.array([[9]], np.uint8)}
+    np.testing.assert_array_equal(run(result, feeds)[0], run(model, feeds)[0])

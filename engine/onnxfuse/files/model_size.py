@@ -1,8 +1,9 @@
 """How large a model is on disk, and, where an output is larger than its input, why.
 
 An output may grow for a reason the user should hear of: the inferred types and shapes
-recorded as value_info (what viewers and the planner read), or constants that folding
-made larger than what they were computed from (a fill written out, an Expand folded).
+recorded as value_info (what viewers and the planner read), the provenance each created
+node records (``--no-provenance`` leaves it out), or constants that folding made larger
+than what they were computed from (a fill written out, an Expand folded).
 Each such part is measured on the two protobufs (weights counted by their dims, never
 read), and the report states it.
 """
@@ -18,6 +19,7 @@ import onnx
 
 from onnxfuse.files.input_files import InputFiles
 from onnxfuse.files.model_io import read_proto
+from onnxfuse.rewrite.apply import PROVENANCE_REPLACED, PROVENANCE_RULE
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,15 @@ def _growth(source: Path, output: Path) -> Iterator[tuple[str, int]]:
             f"(+{_human(grown)})"
         )
         yield reason, grown
+    recorded = provenance_bytes(new) - provenance_bytes(old)
+    if recorded > 0:
+        yield (
+            (
+                f"each created node records the rule and the nodes it replaced "
+                f"(--no-provenance leaves it out) (+{_human(recorded)})"
+            ),
+            recorded,
+        )
     tensors_before, tensors_after = _tensors(old.graph), _tensors(new.graph)
     weights = sum(map(_tensor_bytes, tensors_after)) - sum(map(_tensor_bytes, tensors_before))
     if weights > 0:
@@ -78,6 +89,17 @@ def _growth(source: Path, output: Path) -> Iterator[tuple[str, int]]:
             f"(+{_human(weights)}{detail})"
         )
         yield reason, weights
+
+
+def provenance_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the provenance entries in the nodes' metadata_props."""
+    return sum(
+        entry.ByteSize() + 2  # the entry's field tag and length
+        for g in _graphs(model.graph)
+        for node in g.node
+        for entry in node.metadata_props
+        if entry.key in (PROVENANCE_RULE, PROVENANCE_REPLACED)
+    )
 
 
 def _value_infos(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:

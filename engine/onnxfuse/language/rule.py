@@ -53,6 +53,9 @@ class Rule:
     # Targets on which the rule fires only where a target profile measured it no slower
     # than what it replaces (its op is slower on some machines of that target).
     needs_profile: frozenset[str] = frozenset()
+    # The rewrite leaves QDQ node units whole (a level-1 Q/DQ cleanup): it also runs for
+    # a target that consumes units, which still refuses a match touching a unit's node.
+    keeps_units: bool = False
     pack: str = ""
     origin: str = ""
     phase: str = PHASES[0]  # set from the pack manifest's `phase`

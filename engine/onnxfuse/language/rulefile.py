@@ -38,6 +38,8 @@ RULE_KEYS = {
     "keep": "intermediates that may have uses outside the match; their nodes stay for them",
     "needs_profile": "targets on which the rule fires only where a target profile "
     "(onnxfuse targets calibrate) measured it no slower than what it replaces",
+    "keeps_units": "true: the rewrite leaves QDQ node units whole, so it also applies for a "
+    "target that consumes them (its Q and DQ nodes outside any unit may change)",
     "opset": "model opset range per domain where the rule applies",
     "imports": "opset version to import for domains the replacement adds",
     "tolerance": "relative tolerance for matching constants",
@@ -212,6 +214,7 @@ def rule_from_entry(
         copy_attributes=_string_map(entry, "copy_attributes"),
         keep=frozenset(_string_list(entry, "keep")),
         needs_profile=frozenset(_string_list(entry, "needs_profile")),
+        keeps_units=_boolean(entry, "keeps_units"),
         pack=pack,
         origin=origin,
         **family_keys,
@@ -321,6 +324,13 @@ def _integer(entry: LineMap, key: str, default: int) -> int:
     value = entry.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
         raise RuleError(f"'{key}' must be an integer", line=entry.line_of(key))
+    return value
+
+
+def _boolean(entry: LineMap, key: str) -> bool:
+    value = entry.get(key, False)
+    if not isinstance(value, bool):
+        raise RuleError(f"'{key}' must be true or false", line=entry.line_of(key))
     return value
 
 

@@ -19,6 +19,7 @@ from onnxfuse.graph.traversal import all_graphs, owned_graphs
 from onnxfuse.ops.inference import InferredTypes, infer_shapes
 from onnxfuse.passes.shared_weights import deduplicate_large_initializers
 from onnxfuse.passes.state import RunState
+from onnxfuse.rewrite.qdq_units import QDQ_OPS
 
 
 class NormalizePass(ir.passes.InPlacePass):
@@ -35,6 +36,7 @@ class NormalizePass(ir.passes.InPlacePass):
             self.state.fold_limit_bytes,
             self.state.inferred,
             self.state.dequantize,
+            self.state.keeps_qdq_units,
         )
         return ir.passes.PassResult(model, modified=True)
 
@@ -63,9 +65,11 @@ def normalize(
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES,
     inferred: InferredTypes | None = None,
     dequantize: bool = False,
+    keeps_qdq_units: bool = False,
 ) -> Folder:
     """Constants as initializers, constant subgraphs folded, shapes inferred
-    (``inferred``: onnx's inference of the model as loaded, if unchanged since)."""
+    (``inferred``: onnx's inference of the model as loaded, if unchanged since;
+    ``keeps_qdq_units``: the target consumes QDQ node units, see ``merge_duplicates``)."""
     adopt_ir4_initializers(model)
     _LiftConstants(lift_all_constants=True, size_limit=0)(model)
     _small_constants_in_memory(model)
@@ -92,7 +96,7 @@ def normalize(
         if folder.folded == folded:
             break
     # Rules then see one node where exporters wrote the same computation twice.
-    merge_duplicates(model)
+    merge_duplicates(model, keeps_qdq_units)
     return folder
 
 
@@ -158,12 +162,35 @@ class _LiftConstants(common_passes.LiftConstantsToInitializersPass):
         )
 
 
-def merge_duplicates(model: ir.Model) -> None:
+def merge_duplicates(model: ir.Model, keeps_qdq_units: bool = False) -> None:
     """Equal initializers first, so that CSE sees their users as equal. Subgraph
     initializers move to the main graph first (every subgraph sees it): a weight folded
     the same way in two If branches is then one weight, and one no branch reads any more
-    goes with the main graph's dead initializers."""
+    goes with the main graph's dead initializers. ``keeps_qdq_units``: every Q and DQ
+    stays its own node, for a target that consumes QDQ node units (a DQ belongs to one
+    unit: a model written with one DQ per consumer, as onnxruntime's
+    EnsureUniqueDQForNodeUnit makes it, keeps them)."""
     common_passes.LiftSubgraphInitializersToMainGraphPass()(model)
     common_passes.DeduplicateInitializersPass()(model)
     deduplicate_large_initializers(model)
-    common_passes.CommonSubexpressionEliminationPass()(model)
+    marked = _mark_qdq_distinct(model) if keeps_qdq_units else []
+    try:
+        common_passes.CommonSubexpressionEliminationPass()(model)
+    finally:
+        for node in marked:
+            node.attributes.pop(_DISTINCT)
+
+
+# An attribute of a distinct value on each Q and DQ while CSE runs (onnx_ir's pass takes
+# no filter): nodes whose attributes differ are never merged.
+_DISTINCT = "_onnxfuse_distinct"
+
+
+def _mark_qdq_distinct(model: ir.Model) -> list[ir.Node]:
+    marked: list[ir.Node] = []
+    for graph in all_graphs(model):
+        for node in graph:
+            if node.domain in ("", "ai.onnx") and node.op_type in QDQ_OPS:
+                node.attributes[_DISTINCT] = ir.AttrInt64(_DISTINCT, len(marked))
+                marked.append(node)
+    return marked

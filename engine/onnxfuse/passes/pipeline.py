@@ -101,7 +101,7 @@ def passes(
         *measured,
         *(RewritePass(state, phase, rules, limits) for phase in PHASES),
         FoldPass(state),
-        CleanupPass(infer=final_inference),
+        CleanupPass(infer=final_inference, keeps_qdq_units=state.keeps_qdq_units),
         *measured,
     )
 

@@ -23,6 +23,12 @@ class RunState:
     dequantize: bool = False  # fold DequantizeLinear of constants (Options.dequantize)
     folder: Folder | None = field(default=None)
 
+    @property
+    def keeps_qdq_units(self) -> bool:
+        """The run's target consumes QDQ node units itself (``quantization: qdq_units``)."""
+        target = self.matchers.target
+        return target is not None and target.keeps_qdq_units
+
     def require_folder(self) -> Folder:
         if self.folder is None:
             raise RuntimeError("NormalizePass must run before the passes that fold")

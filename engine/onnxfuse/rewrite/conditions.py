@@ -99,7 +99,7 @@ class Conditions:
             except GuardUnknown as exc:
                 return Refusal(f"let {let_name} cannot be computed: {exc}")
         match = dataclasses.replace(match, attrs=attrs)
-        broken = unit_breaks(match.nodes, self._knows_qdq, self._keeps_units)
+        broken = unit_breaks(match.nodes, self._knows_qdq, self._keeps_units, self.rule.keeps_units)
         if broken is not None:
             why = (
                 f"target '{self.target.name}' consumes QDQ units itself"

@@ -11,7 +11,11 @@ conditions of a rewrite check both (``unit_breaks``):
   unit's Conv and Relu leaves its DQs and Q around a float kernel);
 - for a target whose capability file says ``quantization: qdq_units`` no rewrite may
   touch a unit at all, its DQs and Qs included, nor any other Q or DQ (a weight's DQ
-  before a float MatMul is a unit of its own for those providers).
+  before a float MatMul is a unit of its own for those providers). The one exemption
+  is a rule that declares ``keeps_units: true``: onnxruntime's level-1 cleanups, which
+  it runs for every provider before partitioning (a DQ -> Q pair of equal parameters
+  removed, Q/DQ propagated through data-movement ops). Such a rule may change the Qs
+  and DQs that belong to no unit; a match touching a unit's node is still refused.
 
 The unit is onnxruntime's (``NodeUnit``, ``GetQDQSelection``): the op has an input
 computed by a DequantizeLinear, and every use of its outputs is a QuantizeLinear,
@@ -82,13 +86,17 @@ def in_unit(node: ir.Node) -> bool:
     return False
 
 
-def unit_breaks(nodes: Iterable[ir.Node], knows_qdq: bool, keep_units: bool) -> ir.Node | None:
+def unit_breaks(
+    nodes: Iterable[ir.Node], knows_qdq: bool, keep_units: bool, keeps_units: bool
+) -> ir.Node | None:
     """The first matched node whose rewrite would break a QDQ node unit, or None.
     ``knows_qdq``: the rule's source has Q or DQ nodes (it rewrites units as units);
-    ``keep_units``: the target consumes units itself, so none may change."""
+    ``keep_units``: the target consumes units itself, so none may change;
+    ``keeps_units``: the rule declares that it leaves units whole (a level-1 cleanup),
+    so for such a target only the nodes of units are out of its reach."""
     for node in nodes:
         if keep_units:
-            if _is(node, QDQ_OPS) or in_unit(node):
+            if in_unit(node) or (_is(node, QDQ_OPS) and not keeps_units):
                 return node
         elif not knows_qdq and (is_unit_op(node) or _between_of_unit(node)):
             return node
