@@ -65,6 +65,13 @@ SELECTED = sorted(ALL) if os.environ.get("ONNXFUSE_EXPORTS") == "all" else list(
 
 # Exports where onnxfuse still has more nodes than the best anchor, and why.
 KNOWN_GAPS: dict[str, str] = {
+    "opt-sdpa-dynamo18": (
+        "73 vs onnxscript 58: each layer's masked SDPA becomes MultiHeadAttention with 4 "
+        "nodes after it that give a NaN row (from NaN or infinite queries or keys) the "
+        "source's value, 0 · V summed; those read V after its bias, so the bias does not "
+        "fold and Q, K, V do not pack into Attention; onnxscript's result keeps no such "
+        "nodes"
+    ),
     # Measured: onnxfuse 27, onnxruntime's transformers optimizer 22. Attention fuses (two
     # Attention, as there); the gap is the pre-LayerNorm residuals at opset 14: each residual
     # sum also feeds the next residual, and the decomposed-LayerNorm SkipLayerNormalization
@@ -147,6 +154,9 @@ ATTENTION_FUSED = (
     "whisper-encoder-sdpa-dynamo18",
     "opt-sdpa-dynamo18",
 )
+# Where the attention stays MultiHeadAttention: the nodes that give a NaN row the source's
+# value read V after its bias, so the projections do not pack into Attention.
+UNPACKED = {"opt-sdpa-dynamo18"}
 
 
 @pytest.mark.parametrize("name", [n for n in ATTENTION_FUSED if n in SELECTED])
@@ -155,7 +165,8 @@ def test_attention_fused_once_per_layer(name, measured):
     ours = results["onnxfuse"]
     assert ours.valid, f"{name}: {ours.error}"
     layers = export.spec.config["layers"]
-    assert ours.ops["com.microsoft::Attention"] == layers, dict(ours.ops)
+    fused = "MultiHeadAttention" if name in UNPACKED else "Attention"
+    assert ours.ops[f"com.microsoft::{fused}"] == layers, dict(ours.ops)
     # Nothing of the decomposed attention is left: one Softmax per layer would remain.
     assert ours.ops["Softmax"] == 0
 

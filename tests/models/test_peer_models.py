@@ -72,7 +72,10 @@ def test_optimized_peer_model_is_valid_and_equivalent(entry, rules, tmp_path):
     path = DATA / entry["model"]
     out = tmp_path / "out.onnx"
     # Saving runs onnx's full checker on the result before it is renamed into place.
-    report = optimize_file(path, out, rules, Options(target=load_target("cpu")))
+    # Parity measures what the rules fuse: the rules that wait for a profile's
+    # measurement on cpu (SkipLayerNormalization) fire too.
+    options = Options(target=load_target("cpu"), gate_by_profile=False)
+    report = optimize_file(path, out, rules, options)
     kinds = [r.kind for r in report.repairs if r.kind in _CHECKER_REPAIRS]
     assert kinds == REPAIRED.get(entry["model"], [])
     assert report.nodes_after <= entry["nodes_before"]
