@@ -87,8 +87,14 @@ def test_block_auto_is_off_where_cpu_features_are_unknown(monkeypatch):
     ("spec", "message"),
     [
         ("cpu:block=7", "block='7': expected 8, 16 or auto"),
-        ("cpu:blk=8", "target 'cpu' has no parameter 'blk' (its parameters: block, int8, layout, profile)"),
-        ("cuda:block=8", "target 'cuda' has no parameter 'block' (its parameters: layout, profile)"),
+        (
+            "cpu:blk=8",
+            "target 'cpu' has no parameter 'blk' (its parameters: block, int8, layout, profile)",
+        ),
+        (
+            "cuda:block=8",
+            "target 'cuda' has no parameter 'block' (its parameters: layout, profile)",
+        ),
         ("cpu:block=8,block=16", "given twice"),
     ],
 )
