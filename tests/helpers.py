@@ -124,6 +124,31 @@ def tensor_input(name: str, shape, elem_type: int = onnx.TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
+def mish_rule(name: str) -> str:
+    """A rule file with one rule, x * tanh(softplus(x)) -> Mish(x), with its domain: a
+    fusion into an op cpu runs only as its ONNX function body."""
+    return f"""
+rules:
+  - name: {name}
+    description: x * tanh(softplus(x)) is Mish
+    opset: {{"": [18, null]}}
+    source: |
+      f (X) => (Y) {{
+        s = Softplus(X)
+        t = Tanh(s)
+        Y = Mul(X, t)
+      }}
+    replacement: |
+      f (X) => (Y) {{
+        Y = Mish(X)
+      }}
+    verify:
+      opsets: [18]
+      dtypes: [float]
+      inputs: {{X: [4]}}
+"""
+
+
 def relu_relu_rule(name: str, description: str | None = None) -> str:
     """A rule file with one rule, Relu(Relu(X)) -> Relu(X); more keys may be appended."""
     described = f"    description: {description}\n" if description is not None else ""

@@ -10,28 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import mish_rule
+
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 
-MISH = """
-rules:
-  - name: my-mish
-    description: x * tanh(softplus(x)) is Mish
-    opset: {"": [18, null]}
-    source: |
-      f (X) => (Y) {
-        s = Softplus(X)
-        t = Tanh(s)
-        Y = Mul(X, t)
-      }
-    replacement: |
-      f (X) => (Y) {
-        Y = Mish(X)
-      }
-    verify:
-      opsets: [18]
-      dtypes: [float]
-      inputs: {X: [4]}
-"""
+MISH = mish_rule("my-mish")
 
 
 def _onnxfuse_fuzz(cwd: Path, *args: str) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-from helpers import make_model, tensor_input
+from helpers import make_model, mish_rule, tensor_input
 from onnx import helper, numpy_helper
 
 from onnxfuse.cli.main import main
@@ -25,26 +25,7 @@ ops:
 - {domain: '', op: Add, since: 1, types: {T: [float]}}
 """
 
-MISH = """
-rules:
-  - name: mish
-    description: x * tanh(softplus(x)) is Mish
-    opset: {"": [18, null]}
-    source: |
-      f (X) => (Y) {
-        s = Softplus(X)
-        t = Tanh(s)
-        Y = Mul(X, t)
-      }
-    replacement: |
-      f (X) => (Y) {
-        Y = Mish(X)
-      }
-    verify:
-      opsets: [18]
-      dtypes: [float]
-      inputs: {X: [4]}
-"""
+MISH = mish_rule("mish")
 
 
 def _relu_sigmoid_relu() -> ir.Model:
