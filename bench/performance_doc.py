@@ -32,7 +32,19 @@ MAX_EXPONENT = 1.1
 MAX_RSS_SHARE = 0.25
 MAX_LATENCY_RATIO = 1.05  # medians of a shared 2-core machine: 5% is within their noise
 
-TOOLS = {"onnxfuse": "onnxfuse", "onnxscript": "onnxscript", "ort-transformers": "ORT transformers"}
+# Near the floor: onnxfuse's time at most this many times `onnx.load` + `onnx.save` of the
+# same file; the bytes it writes at most this share of its output; its peak RSS at most
+# this many times the model's size (weights embedded).
+MAX_FLOOR_RATIO = 2.0
+MAX_WRITTEN_SHARE = 1.1
+MAX_RSS_PER_MODEL = 1.5
+
+TOOLS = {
+    "onnxfuse": "onnxfuse",
+    "onnxscript": "onnxscript",
+    "onnxslim": "onnxslim",
+    "ort-transformers": "ORT transformers",
+}
 VARIANTS = {
     "orig-all": "original, ORT all",
     "orig-none": "original, ORT off",
@@ -56,6 +68,8 @@ KIND_NOTES = {
 KINDS = {
     "decoder": "Synthetic decoder stacks (bench/synthetic.py)",
     "export": "Real torch exports at bench size (tests/exports/models.py, BENCH_EXPORTS)",
+    "zoo": "Real models shipped in PyPI wheels and npm packages (tests/zoo/manifest.yaml)",
+    "quantized": "Exports quantized by onnxruntime's tools (tests/exports/quantize.py)",
     "cnn": "The light CNNs of the onnx package (IR 3)",
     "sample": "The bundled sample ResNet",
     "other": "Models named on the command line",
@@ -115,7 +129,39 @@ def speed_tables(rows: list[dict]) -> list[str]:
             cells.append(" / ".join(after))
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+        if any("io-floor" in row for row in group):
+            out += resources_table(group)
     return out
+
+
+def resources_table(group: list[dict]) -> list[str]:
+    """onnxfuse beside the I/O floor and onnxruntime's own optimizer, and what it costs
+    in system time, bytes written and memory."""
+    head = [
+        "model",
+        "MB",
+        "I/O floor",
+        "onnxfuse / floor",
+        "ORT session",
+        "onnxfuse user / sys",
+        "written / output MB",
+        "peak RSS MB (above start)",
+    ]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in group:
+        ours, floor, session = row["onnxfuse"], row.get("io-floor", {}), row.get("ort-session", {})
+        if "seconds" not in ours:
+            continue
+        cells = [row["model"], f"{row['size_mb']:.1f}"]
+        cells.append(f"{floor['seconds']:.2f} s" if "seconds" in floor else "-")
+        cells.append(f"x{ours['seconds'] / floor['seconds']:.1f}" if "seconds" in floor else "-")
+        cells.append(_seconds(session, None) if session else "-")
+        cells.append(f"{ours['user_seconds']:.2f} / {ours['system_seconds']:.2f} s")
+        cells.append(f"{ours['written_mb']:.1f} / {ours['output_mb']:.1f}")
+        growth = ours["rss_mb"] - ours["rss_start_mb"]
+        cells.append(f"{ours['rss_mb']:.0f} ({growth:.0f})")
+        out.append("| " + " | ".join(cells) + " |")
+    return [*out, ""]
 
 
 def scaling_table(scaling: dict) -> list[str]:
@@ -213,6 +259,7 @@ def targets(speed: dict | None, latency: dict | None) -> list[str]:
             faster = f"at least {factor:g}x faster than" if factor > 1 else "faster than"
             line = f"- onnxfuse {faster} {TOOLS[tool]} on every model: {verdict}"
             out.append(line + (f": {', '.join(slower)} (its time over ours)." if slower else "."))
+        out += _floor_targets(speed["models"])
         failed = [r["model"] for r in speed["models"] if "seconds" not in r["onnxfuse"]]
         if failed:
             out.append(f"- onnxfuse failed on: **{', '.join(failed)}**.")
@@ -258,6 +305,39 @@ def targets(speed: dict | None, latency: dict | None) -> list[str]:
             if broken:
                 line += f"; failed or wrong on {', '.join(broken)}"
             out.append(line + ".")
+    return out
+
+
+def _floor_targets(rows: list[dict]) -> list[str]:
+    measured = [
+        r for r in rows if "seconds" in r["onnxfuse"] and "seconds" in r.get("io-floor", {})
+    ]
+    if not measured:
+        return []
+    checks = [
+        (
+            f"onnxfuse within {MAX_FLOOR_RATIO:g}x of the I/O floor (onnx.load + onnx.save)",
+            lambda r: r["onnxfuse"]["seconds"] / r["io-floor"]["seconds"],
+            MAX_FLOOR_RATIO,
+        ),
+        (
+            f"Bytes written at most {MAX_WRITTEN_SHARE:g}x the output's size",
+            lambda r: r["onnxfuse"]["written_mb"] / r["onnxfuse"]["output_mb"],
+            MAX_WRITTEN_SHARE,
+        ),
+        (
+            f"Peak RSS, above the process's before it reads the model, at most "
+            f"{MAX_RSS_PER_MODEL:g}x the model's size",
+            lambda r: (r["onnxfuse"]["rss_mb"] - r["onnxfuse"]["rss_start_mb"]) / r["size_mb"],
+            MAX_RSS_PER_MODEL,
+        ),
+    ]
+    out = []
+    for what, ratio, limit in checks:
+        over = [f"{r['model']} (x{ratio(r):.1f})" for r in measured if ratio(r) > limit]
+        verdict = "met" if not over else f"**missed** on {len(over)} of {len(measured)}"
+        shown = over[:8] + ([f"{len(over) - 8} more"] if len(over) > 8 else [])
+        out.append(f"- {what}: {verdict}" + (f": {', '.join(shown)}." if over else "."))
     return out
 
 

