@@ -216,6 +216,19 @@ DEFECTS = [
         "duplicate-opset",
     ),
     Defect(
+        # Squeeze-1 with unsorted axes: onnx's inference of that version keeps a squeezed
+        # dim ([1, 3]), contradicting the declared [3] that onnxruntime computes.
+        "unsorted-squeeze-axes",
+        lambda: _model(
+            [helper.make_node("Squeeze", ["x"], ["z"], axes=[1, 0], name="s")],
+            inputs=[tensor_input("x", [1, 1, 3])],
+            outputs=[tensor_input("z", [3])],
+            opsets=[("", 8)],
+        ),
+        "Squeeze axes sorted (onnx's Squeeze-1 inference misreads unsorted ones), 's'",
+        "unsorted-squeeze-axes",
+    ),
+    Defect(
         # ReduceSum's axes attribute exists before opset 13 only: onnxruntime (and onnx's
         # checker) read the last import, 11.
         "opset-imported-at-two-versions",

@@ -34,7 +34,12 @@ from onnxfuse.files.input_files import (
     input_files,
 )
 from onnxfuse.files.output_paths import check_output, refuse_overwriting, temporary_prefix
-from onnxfuse.files.repair import record, repair_declarations, repair_structure
+from onnxfuse.files.repair import (
+    record,
+    repair_attributes,
+    repair_declarations,
+    repair_structure,
+)
 from onnxfuse.files.source_weights import LazyEntry, SourceFile, SourceTensor, split_weights
 from onnxfuse.files.wire import ITEMSIZE, GraphScan, initializer_ranges, scan_graph
 from onnxfuse.files.writer import (
@@ -139,9 +144,13 @@ def _load(
     if wrong_size is not None:
         raise ModelError(f"{path}: {wrong_size}")
     try:
-        # Names and opset imports are nothing the checker reads: the file's verdict stands.
+        # Names and opset imports are nothing the checker reads: the file's verdict stands,
+        # unless attributes it reads were mended.
         repairs = repair_structure(proto)
-        failure = _check_loaded(path, proto, target, ranges, lazy) if check else None
+        mended = repair_attributes(proto)
+        repairs += mended
+        as_read = not mended
+        failure = _check_loaded(path, proto, target, ranges, lazy, as_read) if check else None
         if failure is not None:
             found = repair_declarations(proto)
             if found:  # the file is no longer the model: the protobuf is checked

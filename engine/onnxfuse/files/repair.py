@@ -11,6 +11,13 @@ the command line prints as a warning. On every load, in the protobuf (``repair_s
 - unnamed nodes are named, and nodes whose name an earlier node of their graph holds
   are renamed (onnxruntime refuses duplicates).
 
+On every load too, before the checker sees the model (``repair_attributes``):
+
+- a Squeeze of opset 1-10 whose `axes` are not in ascending order gets them sorted: the
+  same op (the order means nothing), but onnx's shape inference of that version keeps a
+  squeezed dimension when they are unsorted, and would refuse the model, or the
+  optimized one once a rewrite makes the input's shape known.
+
 When onnx's checker refuses the model, in the protobuf, then checked again
 (``repair_declarations``):
 
@@ -188,6 +195,29 @@ def _name_nodes(graph: onnx.GraphProto) -> list[Repair]:
     if renamed:
         repairs.append(Repair("duplicate-node-name", "duplicate node name renamed", tuple(renamed)))
     return repairs
+
+
+def repair_attributes(proto: onnx.ModelProto) -> list[Repair]:
+    """Node attributes onnx's inference misreads, rewritten as the same op in ``proto``."""
+    return _sort_squeeze_axes(proto)
+
+
+def _sort_squeeze_axes(proto: onnx.ModelProto) -> list[Repair]:
+    version = next((o.version for o in proto.opset_import if o.domain in _AI_ONNX), None)
+    if version is None or version >= 11:
+        return []
+    sorted_in: list[str] = []
+    for node in _walk_nodes(proto.graph.node):
+        if node.op_type != "Squeeze" or node.domain not in _AI_ONNX:
+            continue
+        for attr in node.attribute:
+            if attr.name == "axes" and list(attr.ints) != sorted(attr.ints):
+                attr.ints[:] = sorted(attr.ints)
+                sorted_in.append(f"'{node.name}'")
+    if not sorted_in:
+        return []
+    what = "Squeeze axes sorted (onnx's Squeeze-1 inference misreads unsorted ones)"
+    return [Repair("unsorted-squeeze-axes", what, tuple(sorted_in))]
 
 
 # -- when the checker refuses the model ------------------------------------------------------

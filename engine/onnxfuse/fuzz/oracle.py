@@ -27,6 +27,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from onnxfuse.files.repair import repair_attributes
 from onnxfuse.fuzz.noise import NOISE_FACTOR, noise_floor
 from onnxfuse.proof.reference_ops import with_reference_definitions_bytes
 from onnxfuse.rewrite.report import StopReason
@@ -344,7 +345,12 @@ def check(original: Original, target_name: str, rules: Sequence | None = None) -
     from onnxfuse.passes.pipeline import Options, optimize
 
     rules = list(run_rules() if rules is None else rules)
-    model = ir.from_proto(original.model)
+    # Mended as a file's load mends it (the checker would misread such attributes once
+    # a rewrite makes shapes known).
+    source = onnx.ModelProto()
+    source.CopyFrom(original.model)
+    repair_attributes(source)
+    model = ir.from_proto(source)
     applied: list[str] = []
     try:
         with time_limit(OPTIMIZE_TIMEOUT_SECONDS):
