@@ -271,3 +271,20 @@ def test_nonzero_is_traced_or_bound(tmp_path):
     result = _run(path, "--dim", f"nz:1={count}", "--verify", "-o", str(bound))
     assert result.returncode == 0, result.stderr
     assert json.loads(bound.read_text())["arena_bytes"] == plan["arena_bytes"]
+
+
+def test_an_output_declared_for_other_input_shapes_takes_the_computed_shape(tmp_path, capsys):
+    # As a legacy export declares it: [1, seqlen] for an output that, at the bound
+    # input shape, is [3, 4]. onnxruntime returns the computed shape (with a warning).
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    model = make_model(nodes, [tensor("x", ["batch", 4])], [tensor("y", [1, "seqlen"])])
+    path = tmp_path / "declared.onnx"
+    save_model(model, path)
+    assert main(["plan", str(path), "--dim", "batch=3", "--verify"]) == 0
+    captured = capsys.readouterr()
+    assert "verify: outputs match onnxruntime" in captured.out
+    warning = (
+        "onnxfuse: warning: repaired: graph output's declared shape, which the bound input "
+        "shapes contradict, left out, 'y'"
+    )
+    assert captured.err.splitlines().count(warning) == 1, captured.err

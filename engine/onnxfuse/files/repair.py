@@ -58,9 +58,12 @@ _AI_ONNX = ("", "ai.onnx")
 
 
 def record(model: ir.Model, repairs: list[Repair]) -> None:
-    """Keep ``repairs`` with the model for the run's report."""
-    if repairs:
-        model.meta[REPAIRS_META] = [*model.meta.get(REPAIRS_META, ()), *repairs]
+    """Keep ``repairs`` with the model for the run's report (each once: a step that
+    runs twice on a model finds the same ones again)."""
+    kept = list(model.meta.get(REPAIRS_META, ()))
+    kept += [repair for repair in repairs if repair not in kept]
+    if kept:
+        model.meta[REPAIRS_META] = kept
 
 
 # -- every load ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxfuse.errors import ModelError
+from onnxfuse.files.repair import record
 from onnxfuse.planner.bindings import (
     Bindings,
     Resolved,
@@ -16,8 +17,14 @@ from onnxfuse.planner.bindings import (
     resolve,
 )
 from onnxfuse.planner.dim_expressions import DimExpression
-from onnxfuse.planner.static_shapes import concrete_shape, light_clone, static_types
+from onnxfuse.planner.static_shapes import (
+    DROPPED_OUTPUT_SHAPES,
+    concrete_shape,
+    light_clone,
+    static_types,
+)
 from onnxfuse.planner.tensor_info import TensorInfo
+from onnxfuse.rewrite.report import Repair
 from onnxfuse.support.ir_types import value_name
 
 
@@ -34,6 +41,12 @@ def infer_tensor_infos(model: ir.Model, bindings: Bindings) -> dict[str, TensorI
     bind_model(clone, bindings, resolved)
     _check_inputs(model, clone, resolved)
     types, rejected = static_types(clone, resolved)
+    dropped = clone.meta.get(DROPPED_OUTPUT_SHAPES, ())
+    if dropped:
+        what = "graph output's declared shape, which the bound input shapes contradict, left out"
+        record(
+            model, [Repair("output-shape-at-bound-dims", what, tuple(f"'{n}'" for n in dropped))]
+        )
     because = f" (onnx shape inference: {rejected})" if rejected else ""
     originals = {value_name(v): v for v in main_values(model.graph)}
     producers = {value_name(o): node for node in model.graph for o in node.outputs if o.name}

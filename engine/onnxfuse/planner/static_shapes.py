@@ -58,6 +58,9 @@ SMALL_BYTES = 1024
 
 Types = dict[str, onnx.TypeProto]
 
+# The graph outputs whose declared shapes inference contradicted: ``clone.meta`` key.
+DROPPED_OUTPUT_SHAPES = "onnxfuse.planner.dropped_output_shapes"
+
 
 def light_clone(model: ir.Model) -> ir.Model:
     """A copy of ``model`` whose big initializers are typed graph inputs without data:
@@ -127,20 +130,44 @@ def _infer(clone: ir.Model) -> tuple[Types, str | None]:
     unsized, and until then the lenient result is used. Any other rejection (a dim
     the model declares that inference contradicts) is an error.
     """
-    proto = ir.serde.serialize_model(clone)
-    error = None
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
-        error = str(exc).strip().splitlines()[0][:300]
+    while True:
+        proto = ir.serde.serialize_model(clone)
+        error = None
+        try:
+            inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+            break
+        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+            error = str(exc).strip().splitlines()[0][:300]
         # onnx names the node that failed, the outermost first: "(op_type:If, node name: n)"
-        failed = re.search(r"\(op_type:(\w+), node name: ", error)
+        failed = re.search(r"\(op_type:(\w+), node name: ([^)]*)\)", error)
+        if failed is not None and _drop_declared_output_shapes(clone, failed.group(2)):
+            continue
         if failed is None or failed.group(1) != "If":
             raise ModelError(f"shape inference failed: {error}") from None
         inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+        break
     types: Types = {}
     _collect_types(inferred.graph, types, set())
     return types, error
+
+
+def _drop_declared_output_shapes(clone: ir.Model, node_name: str) -> bool:
+    """Forget the declared shapes of the graph outputs node ``node_name`` makes, when
+    inference at the bound input shapes contradicts them: onnxruntime returns the
+    computed shape whatever is declared (an export's declaration written for other
+    inputs). The outputs are listed under DROPPED_OUTPUT_SHAPES in ``clone.meta``."""
+    outputs = {id(v) for v in clone.graph.outputs if v.shape is not None}
+    node = next((n for n in clone.graph if n.name == node_name), None)
+    if node is None:
+        return False
+    declared = [v for v in node.outputs if id(v) in outputs]
+    for value in declared:
+        value.shape = None
+    clone.meta[DROPPED_OUTPUT_SHAPES] = [
+        *clone.meta.get(DROPPED_OUTPUT_SHAPES, ()),
+        *(value_name(v) for v in declared),
+    ]
+    return bool(declared)
 
 
 def _main_names(clone: ir.Model) -> list[str]:
