@@ -429,10 +429,13 @@ def _check_result(
         keep = [i for i, (label, _) in enumerate(feed_sets) if label != "special"]
         feed_sets = [feed_sets[i] for i in keep]
         outputs, expected = [outputs[i] for i in keep], [expected[i] for i in keep]
-    problem = compare(outputs, expected, feed_sets, list(proto.graph.output), original.tolerances)
+    steps = quantization_steps(applied)
+    problem = compare(
+        outputs, expected, feed_sets, list(proto.graph.output), original.tolerances, steps=steps
+    )
     if problem:
         problem = _beyond_rounding_noise(
-            original, outputs, expected, list(proto.graph.output), feed_sets
+            original, outputs, expected, list(proto.graph.output), feed_sets, steps
         )
     if problem:
         return Outcome("fail", "mismatch", problem, "", applied)
@@ -467,20 +470,45 @@ def nonfinite_deviations(applied: Sequence[str]) -> list[str]:
     return [name for name in applied if _nonfinite_deviation(name)]
 
 
-def _beyond_rounding_noise(original: Original, outputs, expected, values, feed_sets) -> str | None:
+@functools.cache
+def _rule_steps(rule_name: str, files: tuple[str, ...]) -> int:
+    from onnxfuse.proof.domain import VerifyError, parse_domain
+
+    rule = next((r for r in _loaded_rules(files) if r.name == rule_name), None)
+    if rule is None:
+        return 0
+    try:
+        return parse_domain(rule).steps
+    except VerifyError:
+        return 0
+
+
+def quantization_steps(applied: Sequence[str]) -> int:
+    """The quantization steps an integer output may move by: the most any rule among
+    ``applied`` declares (``tolerance: {steps: N}``, a fused kernel that requantizes once
+    where the unit rounds twice, as onnxruntime's own fusion does)."""
+    return max((_rule_steps(name, _rule_files) for name in applied), default=0)
+
+
+def _beyond_rounding_noise(
+    original: Original, outputs, expected, values, feed_sets, steps: int = 0
+) -> str | None:
     """The mismatch that remains once the original's own rounding noise is allowed for."""
     floors = noise_floor(original.model, lambda data: run_all(data, feed_sets))
     allowance = None if floors is None else [[NOISE_FACTOR * f for f in s] for s in floors]
-    problem = compare(outputs, expected, feed_sets, values, original.tolerances, allowance)
+    problem = compare(
+        outputs, expected, feed_sets, values, original.tolerances, allowance, steps=steps
+    )
     return problem and f"{problem} (beyond {NOISE_FACTOR:g}x the original's rounding noise)"
 
 
 def compare(
-    actual_sets, expected_sets, feed_sets, outputs, output_tolerances, allowance=None
+    actual_sets, expected_sets, feed_sets, outputs, output_tolerances, allowance=None, steps=0
 ) -> str | None:
     """The first difference beyond tolerance, described; None if all outputs agree.
 
-    ``allowance``, per feed set and output, adds an elementwise absolute slack.
+    ``allowance``, per feed set and output, adds an elementwise absolute slack;
+    ``steps``: how far an integer output may move.
     """
     for set_index, ((label, _), actual, expected) in enumerate(
         zip(feed_sets, actual_sets, expected_sets)
@@ -495,7 +523,12 @@ def compare(
             where = f"output '{value.name}' ({label} inputs)"
             if a.shape != e.shape or a.dtype != e.dtype:
                 return f"{where}: {a.dtype}{list(a.shape)} != expected {e.dtype}{list(e.shape)}"
-            bad = ~_close(a, e, rtol, atol) if e.dtype.kind in "fc" else a != e
+            if e.dtype.kind in "fc":
+                bad = ~_close(a, e, rtol, atol)
+            elif steps and e.dtype.kind in "iu":
+                bad = np.abs(a.astype(np.int64) - e.astype(np.int64)) > steps
+            else:
+                bad = a != e
             if np.any(bad):
                 index = tuple(int(i) for i in np.argwhere(bad)[0])
                 count = int(np.count_nonzero(bad))

@@ -7,6 +7,7 @@ rule is loaded; they are interpreted node by node, never passed to ``eval``.
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -359,6 +360,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {
     "all": (all, 1, 1),
     "any": (any, 1, 1),
     "sum": (sum, 1, 1),
+    "prod": (math.prod, 1, 1),
     "sorted": (sorted, 1, 1),
     "tuple": (tuple, 1, 1),
     "list": (list, 1, 1),
