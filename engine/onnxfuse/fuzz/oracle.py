@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -29,8 +30,12 @@ from onnx import helper, numpy_helper
 
 from onnxfuse.files.repair import repair_attributes
 from onnxfuse.fuzz.noise import NOISE_FACTOR, noise_floor
+from onnxfuse.ops import element_types
 from onnxfuse.proof.reference_ops import with_reference_definitions_bytes
 from onnxfuse.rewrite.report import StopReason
+
+if TYPE_CHECKING:
+    from onnxfuse.proof.domain import Domain
 
 ort.set_default_logger_severity(4)
 OPTIMIZE_TIMEOUT_SECONDS = 60.0
@@ -40,7 +45,6 @@ _FEEDS_PER_CASE = ("normal", "special")
 @functools.cache
 def tolerances() -> dict[np.dtype, tuple[float, float]]:
     """The per-dtype (rtol, atol) of the proofs: one source of truth."""
-    from onnxfuse.ops import element_types
     from onnxfuse.proof.domain import DEFAULT_TOLERANCES
 
     return {element_types.to_numpy(name): tol for name, tol in DEFAULT_TOLERANCES.items()}
@@ -240,6 +244,8 @@ class Original:
     model: onnx.ModelProto
     feed_sets: list
     outputs: list[list[np.ndarray]]
+    # Per graph output: the float types it is computed in, and their default tolerance.
+    float_types: list[frozenset[np.dtype]]
     tolerances: list[tuple[float, float]]
     # Results onnxruntime already ran and matched: many targets optimize a model to the
     # same bytes, and the same bytes give the same outputs.
@@ -264,13 +270,18 @@ def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return graphs
 
 
-def output_tolerances(model: onnx.ModelProto) -> list[tuple[float, float]]:
+def output_tolerances(float_types: list[frozenset[np.dtype]]) -> list[tuple[float, float]]:
     """Per graph output, the tolerance of the least precise float type it is computed in.
 
     A float32 result cast to float64 carries float32 rounding: it is compared
     with the float32 tolerance, not the float64 one.
     """
     table = tolerances()
+    return [max([(0.0, 0.0), *(table.get(t, (0.0, 0.0)) for t in found)]) for found in float_types]
+
+
+def output_float_types(model: onnx.ModelProto) -> list[frozenset[np.dtype]]:
+    """Per graph output, the float types of the values it is computed from."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:
@@ -315,15 +326,14 @@ def output_tolerances(model: onnx.ModelProto) -> list[tuple[float, float]]:
         memo[name] = frozenset(found)
         return memo[name]
 
-    result = []
-    for output in model.graph.output:
-        candidates = [(0.0, 0.0)]
-        for elem in ancestry(output.name):
-            if elem in _FLOAT_TYPES:
-                dtype = helper.tensor_dtype_to_np_dtype(elem)
-                candidates.append(table.get(np.dtype(dtype), (0.0, 0.0)))
-        result.append(max(candidates))
-    return result
+    return [
+        frozenset(
+            np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+            for elem in ancestry(output.name)
+            if elem in _FLOAT_TYPES
+        )
+        for output in model.graph.output
+    ]
 
 
 def validate(model: onnx.ModelProto, feed_sets) -> Original | Outcome:
@@ -336,7 +346,8 @@ def validate(model: onnx.ModelProto, feed_sets) -> Original | Outcome:
         outputs = run_all(model.SerializeToString(), feed_sets)
     except Exception as exc:
         return Outcome("discard", "ort", _first_line(exc))
-    return Original(model, feed_sets, outputs, output_tolerances(model))
+    float_types = output_float_types(model)
+    return Original(model, feed_sets, outputs, float_types, output_tolerances(float_types))
 
 
 def check(original: Original, target_name: str, rules: Sequence | None = None) -> Outcome:
@@ -430,12 +441,12 @@ def _check_result(
         feed_sets = [feed_sets[i] for i in keep]
         outputs, expected = [outputs[i] for i in keep], [expected[i] for i in keep]
     steps = quantization_steps(applied)
-    problem = compare(
-        outputs, expected, feed_sets, list(proto.graph.output), original.tolerances, steps=steps
-    )
+    allowed = rule_tolerances(original, applied)
+    values = list(proto.graph.output)
+    problem = compare(outputs, expected, feed_sets, values, allowed, steps=steps)
     if problem:
         problem = _beyond_rounding_noise(
-            original, outputs, expected, list(proto.graph.output), feed_sets, steps
+            original, outputs, expected, values, feed_sets, allowed, steps
         )
     if problem:
         return Outcome("fail", "mismatch", problem, "", applied)
@@ -444,20 +455,23 @@ def _check_result(
     return Outcome("pass", applied=applied)
 
 
-def _nonfinite_deviation(rule_name: str) -> bool:
-    return _leaves_out_nonfinite(rule_name, _rule_files)
-
-
 @functools.cache
-def _leaves_out_nonfinite(rule_name: str, files: tuple[str, ...]) -> bool:
+def _rule_domain(rule_name: str, files: tuple[str, ...]) -> Domain | None:
+    """The verify domain of a rule of the run, None if it has no usable one."""
     from onnxfuse.proof.domain import VerifyError, parse_domain
 
     rule = next((r for r in _loaded_rules(files) if r.name == rule_name), None)
     if rule is None:
-        return False
+        return None
     try:
-        domain = parse_domain(rule)
+        return parse_domain(rule)
     except VerifyError:
+        return None
+
+
+def _nonfinite_deviation(rule_name: str) -> bool:
+    domain = _rule_domain(rule_name, _rule_files)
+    if domain is None:
         return False
     return domain.special_differs and not {"nan", "inf"} <= set(domain.special_inputs)
 
@@ -470,35 +484,42 @@ def nonfinite_deviations(applied: Sequence[str]) -> list[str]:
     return [name for name in applied if _nonfinite_deviation(name)]
 
 
-@functools.cache
-def _rule_steps(rule_name: str, files: tuple[str, ...]) -> int:
-    from onnxfuse.proof.domain import VerifyError, parse_domain
-
-    rule = next((r for r in _loaded_rules(files) if r.name == rule_name), None)
-    if rule is None:
-        return 0
-    try:
-        return parse_domain(rule).steps
-    except VerifyError:
-        return 0
+def _applied_domains(applied: Sequence[str]) -> list[Domain]:
+    return [d for name in applied if (d := _rule_domain(name, _rule_files)) is not None]
 
 
 def quantization_steps(applied: Sequence[str]) -> int:
     """The quantization steps an integer output may move by: the most any rule among
     ``applied`` declares (``tolerance: {steps: N}``, a fused kernel that requantizes once
     where the unit rounds twice, as onnxruntime's own fusion does)."""
-    return max((_rule_steps(name, _rule_files) for name in applied), default=0)
+    return max((d.steps for d in _applied_domains(applied)), default=0)
+
+
+def rule_tolerances(original: Original, applied: Sequence[str]) -> list[tuple[float, float]]:
+    """Per graph output, its default tolerance loosened to what the rules among
+    ``applied`` declare for the float types it is computed in (``tolerance:`` of their
+    verify domains, each with its reason: the float16 fold that rounds its weights once
+    more). The proofs check each rule within the same bounds."""
+    domains = _applied_domains(applied)
+    result = []
+    for found, default in zip(original.float_types, original.tolerances, strict=True):
+        declared = [
+            d.tolerances[name]
+            for d in domains
+            for t in found
+            if (name := element_types.from_numpy(t)) in d.tolerances
+        ]
+        result.append(max([default, *declared]))
+    return result
 
 
 def _beyond_rounding_noise(
-    original: Original, outputs, expected, values, feed_sets, steps: int = 0
+    original: Original, outputs, expected, values, feed_sets, allowed, steps: int
 ) -> str | None:
     """The mismatch that remains once the original's own rounding noise is allowed for."""
     floors = noise_floor(original.model, lambda data: run_all(data, feed_sets))
     allowance = None if floors is None else [[NOISE_FACTOR * f for f in s] for s in floors]
-    problem = compare(
-        outputs, expected, feed_sets, values, original.tolerances, allowance, steps=steps
-    )
+    problem = compare(outputs, expected, feed_sets, values, allowed, allowance, steps=steps)
     return problem and f"{problem} (beyond {NOISE_FACTOR:g}x the original's rounding noise)"
 
 
