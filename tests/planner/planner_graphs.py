@@ -203,3 +203,33 @@ def expression_model(custom_dim: str = EIGHTH) -> ir.Model:
     proto = helper.make_model(graph, opset_imports=opsets, ir_version=8)
     onnx.checker.check_model(proto, full_check=True)
     return ir.from_proto(proto)
+
+
+def rate_model() -> ir.Model:
+    """As a voice-activity model branches on its ``sr`` input: at 16000 the chunk is
+    used whole ([1, 8]), else every other sample ([1, 4]); the branches' shapes differ."""
+    whole = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["w"])], "whole", [], [tensor("w", [1, 8])]
+    )
+    half = helper.make_graph(
+        [
+            helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["h"]),
+        ],
+        "half",
+        [],
+        [tensor("h", [1, 4])],
+    )
+    nodes = [
+        helper.make_node("Equal", ["sr", "rate16k"], ["is16k"]),
+        helper.make_node("If", ["is16k"], ["picked"], then_branch=whole, else_branch=half),
+        helper.make_node("Relu", ["picked"], ["y"]),
+    ]
+    consts = [
+        helper.make_tensor("rate16k", TensorProto.INT64, [], [16000]),
+        helper.make_tensor("starts", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("ends", TensorProto.INT64, [1], [8]),
+        helper.make_tensor("axes", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("steps", TensorProto.INT64, [1], [2]),
+    ]
+    inputs = [tensor("x", [1, 8]), tensor("sr", [], TensorProto.INT64)]
+    return make_model(nodes, inputs, [tensor("y", [1, "n"])], consts)

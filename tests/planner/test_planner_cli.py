@@ -18,6 +18,7 @@ from planner_graphs import (
     flatten_resnet,
     make_model,
     nonzero_model,
+    rate_model,
     tensor,
     unnamed_input_model,
 )
@@ -288,3 +289,33 @@ def test_an_output_declared_for_other_input_shapes_takes_the_computed_shape(tmp_
         "shapes contradict, left out, 'y'"
     )
     assert captured.err.splitlines().count(warning) == 1, captured.err
+
+
+def test_input_value_decides_an_if_on_an_input(tmp_path, capsys):
+    path = _saved(tmp_path, rate_model(), "rate")
+    assert main(["plan", path]) == 2
+    assert "made by If node" in capsys.readouterr().err
+    for rate, width in (("16000", 8), ("8000", 4)):
+        out = tmp_path / f"plan{rate}.json"
+        assert main(["plan", path, "--input-value", f"sr={rate}", "-o", str(out), "--verify"]) == 0
+        assert "verify: outputs match onnxruntime" in capsys.readouterr().out
+        plan = json.loads(out.read_text())
+        assert plan["input_values"] == {"sr": int(rate)}
+        assert {t["name"]: t["shape"] for t in plan["outputs"]}["y"] == [1, width]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--input-value", "sr=abc"], "--input-value expects NAME=V1,V2,... with numbers"),
+        (["--input-value", "sr=1", "--input-value", "sr=2"], "--input-value sr is given twice"),
+        (["--input-value", "rate=1"], "--input-value rate: no such input"),
+        (["--input-value", "sr=1,2"], "--input-value sr: 2 value(s) for shape [] (1 element(s))"),
+        (["--input-value", "sr=0.5"], "--input-value sr: the input holds INT64 values"),
+    ],
+)
+def test_input_value_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message):
+    path = _saved(tmp_path, rate_model(), "rate")
+    assert main(["plan", path, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import TYPE_CHECKING
 
 from onnxfuse.errors import OnnxfuseError
@@ -41,6 +42,16 @@ def add_plan_command(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="NAME=D1,D2,...",
         help="give a graph input its whole shape, its dims named or not (repeatable)",
+    )
+    p.add_argument(
+        "--input-value",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2,...",
+        help=(
+            "fix a graph input's value (a sample rate, a flag an If branches on): folded "
+            "like a constant; the plan holds for runs with that value (repeatable)"
+        ),
     )
     p.add_argument(
         "--trace-shapes",
@@ -106,6 +117,22 @@ def parse_input_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def parse_input_values(items: list[str]) -> dict[str, list[float]]:
+    values: dict[str, list[float]] = {}
+    for item in items:
+        name, sep, text = item.rpartition("=")
+        try:
+            numbers = [float(v) for v in text.split(",")] if text else []
+        except ValueError:
+            numbers = []
+        if not sep or not name or not numbers or not all(math.isfinite(v) for v in numbers):
+            raise OnnxfuseError(f"--input-value expects NAME=V1,V2,... with numbers, not {item!r}")
+        if name in values:
+            raise OnnxfuseError(f"--input-value {name} is given twice")
+        values[name] = numbers
+    return values
+
+
 def _positive(text: str) -> bool:
     return text.strip().isdigit() and 0 < int(text) < 2**63
 
@@ -123,6 +150,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     dims = parse_dims(args.dim)
     input_shapes = parse_input_shapes(args.input_shape)
+    input_values = parse_input_values(args.input_value)
     check_distinct({"-o": args.output, "--embed": args.embed})
     outputs = [p for p in (args.output, args.embed) if p is not None]
     for output in outputs:
@@ -140,6 +168,7 @@ def run_plan(args: argparse.Namespace) -> int:
         fold_constants=not args.keep_constants,
         input_shapes=input_shapes,
         trace_shapes=args.trace_shapes,
+        input_values=input_values,
     )
     check_plan(plan, model)
     print(summary(plan))

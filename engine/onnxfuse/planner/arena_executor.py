@@ -170,7 +170,8 @@ class ArenaExecutor:
 
 def random_feeds(model: ir.Model, plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
     """The seeded inputs a traced run uses too (``planner.trace.random_inputs``)."""
-    return random_inputs(model, [(t.name, tensor_info(t)) for t in plan.inputs], seed)
+    inputs = [(t.name, tensor_info(t)) for t in plan.inputs]
+    return random_inputs(model, inputs, seed, fixed=plan.fixed_inputs())
 
 
 def verify_plan(

@@ -3,14 +3,16 @@
 A dim is bound by its name (``batch``, or a name inside a dim expression such as
 ``width`` in ``floor(width/2) + 1``), or by tensor and axis (``nz:1``) when the model
 gives it no name; ``--input-shape`` gives a graph input's whole shape, named dims or
-not; a traced run gives the shapes static inference could not work out.
+not; ``--input-value`` fixes an input's value (a sample rate an If branches on); a traced
+run gives the shapes static inference could not work out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxfuse.errors import ModelError
@@ -27,6 +29,8 @@ class Bindings:
     dims: Mapping[str, int] = field(default_factory=dict)  # name, or TENSOR:AXIS, to value
     input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     traced: Mapping[str, TensorInfo] = field(default_factory=dict)  # measured by a run
+    # Inputs whose value is fixed (``--input-value``): constants to static analysis.
+    input_values: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,58 @@ def resolve(model: ir.Model, bindings: Bindings) -> Resolved:
                     f"but it is {given} (from --dim or another --input-shape)"
                 )
     return Resolved(dims, axes, declared)
+
+
+def input_value_arrays(
+    model: ir.Model,
+    values: Mapping[str, Sequence[float]],
+    input_shapes: Mapping[str, Sequence[int]],
+) -> dict[str, np.ndarray]:
+    """``--input-value`` as arrays of each input's element type, in the shape
+    ``--input-shape`` gives it, or its declared static shape, or else (a dim without a
+    value) a scalar for one value of a rank-0 input and a vector for a rank-1 one."""
+    inputs = {value_name(v): v for v in graph_inputs(model)}
+    arrays = {}
+    for name, numbers in values.items():
+        value = inputs.get(name)
+        if value is None:
+            listed = ", ".join(inputs) or "none"
+            raise ModelError(f"--input-value {name}: no such input (the model's inputs: {listed})")
+        if value.dtype is None or value.dtype == ir.DataType.STRING:
+            raise ModelError(f"--input-value {name}: the input is no numeric tensor")
+        declared = value.shape
+        if name in input_shapes:
+            shape = tuple(input_shapes[name])
+        elif declared is not None and all(isinstance(d, int) and d >= 0 for d in declared):
+            shape = tuple(d for d in declared if isinstance(d, int))
+        elif declared is not None and len(declared) <= 1:
+            shape = (len(numbers),) if len(declared) == 1 else ()
+        else:
+            raise ModelError(
+                f"--input-value {name}: give its shape with --input-shape {name}=D0,D1,..."
+            )
+        count = int(np.prod(shape))
+        if count != len(numbers):
+            raise ModelError(
+                f"--input-value {name}: {len(numbers)} value(s) for shape {list(shape)} "
+                f"({count} element(s))"
+            )
+        dtype = value.dtype.numpy()
+        array = np.array(numbers, dtype=np.float64)
+        if not np.issubdtype(dtype, np.floating) and not np.all(array == np.round(array)):
+            raise ModelError(f"--input-value {name}: the input holds {value.dtype.name} values")
+        arrays[name] = array.astype(dtype).reshape(shape)
+    return arrays
+
+
+def fix_input_values(clone: ir.Model, values: Mapping[str, np.ndarray]) -> None:
+    """Make the inputs of ``values`` initializers of ``clone`` (a private copy): static
+    analysis folds what they decide, an If on a sample rate."""
+    graph = clone.graph
+    for value in [v for v in graph.inputs if value_name(v) in values]:
+        value.const_value = ir.tensor(values[value_name(value)])
+        graph.inputs.remove(value)
+        graph.register_initializer(value)
 
 
 def bind_model(clone: ir.Model, bindings: Bindings, resolved: Resolved) -> None:

@@ -10,12 +10,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxfuse.errors import ModelError, OnnxfuseError, creating
 from onnxfuse.files.output_paths import check_output, temporary_prefix
 from onnxfuse.planner.baselines import naive_bytes, ort_policy_bytes
-from onnxfuse.planner.bindings import Bindings
+from onnxfuse.planner.bindings import Bindings, input_value_arrays
 from onnxfuse.planner.inplace import find_inplace, make_blocks
 from onnxfuse.planner.lifetimes import Lifetimes, Listed, compute_lifetimes, constant_values
 from onnxfuse.planner.schedule import candidate_orders
@@ -82,6 +83,8 @@ class Plan:
     omitted: list[str] = field(default_factory=list)  # unread optional outputs, not produced
     input_shapes: dict[str, list[int]] = field(default_factory=dict)  # --input-shape
     traced: list[str] = field(default_factory=list)  # tensors whose shapes a traced run gave
+    # --input-value: inputs whose value the plan holds for (nested lists, as numpy's tolist)
+    input_values: dict[str, Any] = field(default_factory=dict)
 
     def entries(self) -> list[PlannedTensor | ListedTensor]:
         """Every tensor the plan sizes: placed, or listed outside the arena."""
@@ -100,7 +103,17 @@ class Plan:
             self.dims,
             {name: tuple(shape) for name, shape in self.input_shapes.items()},
             {name: infos[name] for name in self.traced if name in infos},
+            self.fixed_inputs(),
         )
+
+    def fixed_inputs(self) -> dict[str, np.ndarray]:
+        """The ``--input-value`` inputs as arrays of their listed type and shape."""
+        listed = {t.name: tensor_info(t) for t in self.inputs}
+        return {
+            name: np.asarray(values, dtype=listed[name].dtype.numpy()).reshape(listed[name].shape)
+            for name, values in self.input_values.items()
+            if name in listed
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -157,11 +170,13 @@ def plan_model(
     fold_constants: bool = True,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     trace_shapes: bool = False,
+    input_values: Mapping[str, Sequence[float]] | None = None,
 ) -> Plan:
     """Plan one arena for the intermediates of ``model`` (which is not modified).
 
     ``dims`` binds symbolic dims by name (or ``TENSOR:AXIS``) and ``input_shapes``
-    gives inputs their whole shapes; ``trace_shapes`` runs the model once to measure
+    gives inputs their whole shapes; ``input_values`` fixes inputs' values (the plan
+    then holds for runs with those values); ``trace_shapes`` runs the model once to measure
     what static inference cannot size. ``schedule`` reorders nodes to lower the peak
     of live bytes first; ``fold_constants`` keeps values computed from constants
     only (e.g. ConstantOfShape weights) out of the arena, like initializers.
@@ -173,11 +188,16 @@ def plan_model(
         )
     dims = dict(dims or {})
     shapes = {name: list(shape) for name, shape in (input_shapes or {}).items()}
-    bindings = Bindings(dims, {name: tuple(shape) for name, shape in shapes.items()})
+    fixed = input_value_arrays(model, input_values or {}, shapes)
+    for name, array in fixed.items():
+        shapes.setdefault(name, list(array.shape))
+    bindings = Bindings(
+        dims, {name: tuple(shape) for name, shape in shapes.items()}, input_values=fixed
+    )
     infos = infer_tensor_infos(model, bindings)
     traced: dict[str, TensorInfo] = {}
     if trace_shapes:  # also when all is sized: the run checks what inference gave
-        traced = _traced(model, infos)
+        traced = _traced(model, infos, fixed)
         if traced:
             infos = infer_tensor_infos(model, replace(bindings, traced=traced))
     lifetimes = compute_lifetimes(model, infos, fold_constants=fold_constants)
@@ -229,10 +249,13 @@ def plan_model(
         omitted=lifetimes.omitted,
         input_shapes=shapes,
         traced=sorted(traced),
+        input_values={name: array.tolist() for name, array in fixed.items()},
     )
 
 
-def _traced(model: ir.Model, infos: Mapping[str, TensorInfo | str]) -> dict[str, TensorInfo]:
+def _traced(
+    model: ir.Model, infos: Mapping[str, TensorInfo | str], fixed: Mapping[str, np.ndarray]
+) -> dict[str, TensorInfo]:
     """The shapes of a traced run for the tensors static inference could not size; where
     it did size one, the run must agree (else the plan would not hold for this run)."""
     consts = constant_values(model)
@@ -246,7 +269,7 @@ def _traced(model: ir.Model, infos: Mapping[str, TensorInfo | str]) -> dict[str,
             raise ModelError(f"input {name!r} {info or 'has no type or shape'}")
         inputs.append((name, info))
     traced = {}
-    for name, found in trace_shapes(model, random_inputs(model, inputs)).items():
+    for name, found in trace_shapes(model, random_inputs(model, inputs, fixed=fixed)).items():
         static = infos.get(name)
         if not isinstance(static, TensorInfo):
             traced[name] = found

@@ -12,6 +12,7 @@ from onnxfuse.planner.bindings import (
     Resolved,
     bind_model,
     dim_name,
+    fix_input_values,
     graph_inputs,
     main_values,
     resolve,
@@ -40,6 +41,7 @@ def infer_tensor_infos(model: ir.Model, bindings: Bindings) -> dict[str, TensorI
     clone = light_clone(model)
     bind_model(clone, bindings, resolved)
     _check_inputs(model, clone, resolved)
+    fix_input_values(clone, bindings.input_values)
     types, rejected = static_types(clone, resolved)
     dropped = clone.meta.get(DROPPED_OUTPUT_SHAPES, ())
     if dropped:

@@ -21,16 +21,23 @@ from onnxfuse.planner.tensor_info import TensorInfo
 
 
 def random_inputs(
-    model: ir.Model, inputs: Iterable[tuple[str, TensorInfo]], seed: int = 0
+    model: ir.Model,
+    inputs: Iterable[tuple[str, TensorInfo]],
+    seed: int = 0,
+    fixed: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Seeded inputs: normal floats, 0/1 integers (valid as indices), random bools.
 
-    An input that is also an initializer (an overridable default) gets its default.
+    An input of ``fixed`` (``--input-value``) gets that value; one that is also an
+    initializer (an overridable default), its default.
     """
     rng = np.random.default_rng(seed)
     initializers = model.graph.initializers
     feeds = {}
     for name, info in inputs:
+        if fixed and name in fixed:
+            feeds[name] = fixed[name]
+            continue
         default = initializers[name].const_value if name in initializers else None
         if default is not None:
             feeds[name] = default.numpy()
