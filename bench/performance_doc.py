@@ -356,6 +356,8 @@ def document(
     ]
     if speed:
         out += _environment("Optimization speed", speed.get("environment", {}))
+        for more in speed.get("more_environments", []):
+            out += _environment("Optimization speed, more models", more)
     if latency:
         out += _environment("Latency", latency.get("environment", {}))
     if hotspots:
@@ -598,9 +600,23 @@ def _quick_rounds(env: dict) -> list[str]:
     ]
 
 
+def _joined(runs: list[dict]) -> dict:
+    """Runs of bench/speed.py over other model sets as one: the first run's scaling,
+    external-data and command figures, every run's rows, each run's environment."""
+    first = dict(runs[0])
+    first["models"] = [row for run in runs for row in run.get("models", [])]
+    first["more_environments"] = [run.get("environment", {}) for run in runs[1:]]
+    return first
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--speed", type=Path, help="JSON of bench/speed.py")
+    parser.add_argument(
+        "--speed",
+        type=Path,
+        nargs="+",
+        help="JSON of bench/speed.py: one run, or runs of other model sets (their rows joined)",
+    )
     parser.add_argument("--latency", type=Path, help="JSON of bench/latency.py")
     parser.add_argument("--hotspots", type=Path, help="JSON of bench/hotspots.py")
     parser.add_argument("--fusions", type=Path, help="JSON of bench/fusion_speed.py")
@@ -608,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.speed and not args.latency:
         parser.error("give --speed, --latency or both")
-    speed = json.loads(args.speed.read_text()) if args.speed else None
+    speed = _joined([json.loads(path.read_text()) for path in args.speed]) if args.speed else None
     latency = json.loads(args.latency.read_text()) if args.latency else None
     hotspots = json.loads(args.hotspots.read_text()) if args.hotspots else None
     fusions = json.loads(args.fusions.read_text()) if args.fusions else None
