@@ -117,7 +117,8 @@ def input_value_arrays(
 ) -> dict[str, np.ndarray]:
     """``--input-value`` as arrays of each input's element type, in the shape
     ``--input-shape`` gives it, or its declared static shape, or else (a dim without a
-    value) a scalar for one value of a rank-0 input and a vector for a rank-1 one."""
+    value) a scalar for one value of a rank-0 input and a vector for a rank-1 one. One
+    value fills the whole shape."""
     inputs = {value_name(v): v for v in graph_inputs(model)}
     arrays = {}
     for name, numbers in values.items():
@@ -139,6 +140,8 @@ def input_value_arrays(
                 f"--input-value {name}: give its shape with --input-shape {name}=D0,D1,..."
             )
         count = int(np.prod(shape))
+        if len(numbers) == 1:  # one value fills the input (an all-ones mask)
+            numbers = list(numbers) * count
         if count != len(numbers):
             raise ModelError(
                 f"--input-value {name}: {len(numbers)} value(s) for shape {list(shape)} "
