@@ -445,9 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# Sections of docs/parity.md other benchmarks write (bench/quantized.py); a run of this
-# one keeps them as they are.
-OTHER_SECTIONS = ("## Quantized models",)
+# Sections of docs/parity.md other benchmarks write (bench/quantized.py, bench/llm.py); a
+# run of this one keeps them as they are.
+OTHER_SECTIONS = ("## Quantized models", "## Decoders with a KV cache")
 
 
 def kept_sections(text: str) -> list[str]:

@@ -238,10 +238,12 @@ def section(rows: list[dict], record: dict) -> list[str]:
 
 
 def write_section(path: Path, lines: list[str]) -> None:
+    """Put the section ``lines`` (a ``## `` heading first) in ``path``, in place of the
+    section of that heading, or at the end."""
     text = path.read_text() if path.exists() else ""
     old = text.rstrip("\n").split("\n") if text else []
-    if SECTION in old:
-        start = old.index(SECTION)
+    if lines[0] in old:
+        start = old.index(lines[0])
         end = next((i for i in range(start + 1, len(old)) if old[i].startswith("## ")), len(old))
         old[start:end] = lines
     else:

@@ -73,7 +73,7 @@ def cache_dir() -> Path:
     return path
 
 
-def _key(spec: ModelSpec, exporter: str, opset: int) -> str:
+def cache_key(spec: ModelSpec, exporter: str, opset: int) -> str:
     import torch
     import transformers
 
@@ -96,7 +96,7 @@ def _key(spec: ModelSpec, exporter: str, opset: int) -> str:
 def get_export(spec: ModelSpec, exporter: str, opset: int) -> Export:
     """The cached export, made now if missing."""
     name = export_name(spec, exporter, opset)
-    stem = cache_dir() / f"{name}-{_key(spec, exporter, opset)}"
+    stem = cache_dir() / f"{name}-{cache_key(spec, exporter, opset)}"
     model_path, data_path = stem.with_suffix(".onnx"), stem.with_suffix(".npz")
     if not (model_path.exists() and data_path.exists()):
         _export(spec, exporter, opset, model_path, data_path)

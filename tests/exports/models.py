@@ -231,6 +231,110 @@ class _Gpt2(nn.Module):
         return (result.logits, *present)
 
 
+class _CausalLm(nn.Module):
+    """A causal LM with its KV cache in and out as plain tensors, named as onnxruntime-genai's
+    model builder names them (past_key_values.{i}.key, present.{i}.value), so that one set
+    of feeds runs the export and the builder's model."""
+
+    def __init__(self, model: nn.Module, layers: int) -> None:
+        super().__init__()
+        self.model, self.layers = model, layers
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        *past: torch.Tensor,
+    ):
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        for layer in range(self.layers):
+            cache.update(past[2 * layer], past[2 * layer + 1], layer)
+        result = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+        )
+        present = []
+        returned = getattr(result, "cache", None) or result.past_key_values
+        for layer in returned.layers:
+            present += [layer.keys, layer.values]
+        return (result.logits, *present)
+
+
+# HuggingFace (config, model) class names of the decoder families bench/llm.py measures.
+CAUSAL_LM_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM"),
+}
+
+
+def causal_lm_config(c: dict[str, Any]):
+    """The HuggingFace config of a causal-LM spec (also saved for onnxruntime-genai's builder)."""
+    import transformers
+
+    config_class = getattr(transformers, CAUSAL_LM_CLASSES[c["arch"]][0])
+    # Phi-3 scales its rotary angles (LongRoPE) past an original length of 4096, which the
+    # tiny model's 256 positions would then be; other configs have no such field.
+    extra = {"original_max_position_embeddings": c["max_positions"]} if c["arch"] == "phi3" else {}
+    return config_class(
+        **extra,
+        vocab_size=c["vocab"],
+        hidden_size=c["hidden"],
+        intermediate_size=c["hidden"] * 2,
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        num_key_value_heads=c["kv_heads"],
+        head_dim=c["hidden"] // c["heads"],
+        max_position_embeddings=c["max_positions"],
+        attn_implementation=c["attention"],
+        # Phi-3's defaults (32000) lie outside the tiny vocabulary
+        pad_token_id=c["pad"],
+        bos_token_id=c["pad"] + 1,
+        eos_token_id=c["pad"] + 2,
+    )
+
+
+def causal_lm_inputs(c: dict[str, Any], batch: int, seq: int, past: int, seed: int = 0):
+    """input_ids, attention_mask (past + seq, the last sequence left-padded by 2), position_ids
+    (counted from the first unpadded token, as HuggingFace's generate computes them) and a
+    random past KV cache."""
+    generator = torch.Generator().manual_seed(seed)
+    head_dim = c["hidden"] // c["heads"]
+    inputs = {"input_ids": torch.randint(0, c["vocab"], (batch, seq), generator=generator)}
+    mask = torch.ones(batch, past + seq, dtype=torch.int64)
+    mask[batch - 1, :2] = 0
+    inputs["attention_mask"] = mask
+    inputs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+    for layer in range(c["layers"]):
+        for kind in ("key", "value"):
+            inputs[f"past_key_values.{layer}.{kind}"] = torch.randn(
+                batch, c["kv_heads"], past, head_dim, generator=generator
+            )
+    return inputs
+
+
+def build_causal_lm(c: dict[str, Any]) -> Built:
+    import transformers
+
+    torch.manual_seed(c["seed"])
+    model = getattr(transformers, CAUSAL_LM_CLASSES[c["arch"]][1])(causal_lm_config(c))
+    _perturb(model, c["seed"])
+    model.eval()
+    inputs = causal_lm_inputs(c, batch=2, seq=4, past=8, seed=c["seed"])
+    outputs = ["logits"] + [
+        f"present.{layer}.{kind}" for layer in range(c["layers"]) for kind in ("key", "value")
+    ]
+    return Built(_CausalLm(model, c["layers"]).eval(), inputs, outputs)
+
+
 def build_gpt2(c: dict[str, Any]) -> Built:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -665,6 +769,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Built]] = {
     "beit": build_beit,
     "segformer": build_segformer,
     "cnn": build_cnn,
+    "causal_lm": build_causal_lm,
 }
 
 _TOKENS = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
@@ -875,6 +980,36 @@ BENCH_MODELS: list[ModelSpec] = [
     ),
 ]
 BENCH_MODELS_BY_NAME = {spec.name: spec for spec in BENCH_MODELS}
+
+
+def _causal_lm(arch: str) -> ModelSpec:
+    config = {
+        "seed": 0,
+        "arch": arch,
+        "vocab": 1000,
+        "hidden": 256,
+        "layers": 4,
+        "heads": 4,
+        "kv_heads": 2,
+        "max_positions": 256,
+        "attention": "sdpa",
+        "pad": 0,
+    }
+    dynamic = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "total"},
+        "position_ids": {0: "batch", 1: "seq"},
+    }
+    for layer in range(config["layers"]):
+        for kind in ("key", "value"):
+            dynamic[f"past_key_values.{layer}.{kind}"] = {0: "batch", 2: "past"}
+    return ModelSpec(f"{arch}-kv", "causal_lm", config, "gpt2", 4, 256, dynamic=dynamic)
+
+
+# Decoders with a KV cache (bench/llm.py, tests/models/test_decode.py): hidden 256, 4 layers,
+# 4 heads sharing 2 KV heads, HuggingFace's default (sdpa) attention.
+CAUSAL_LM_MODELS: list[ModelSpec] = [_causal_lm(arch) for arch in CAUSAL_LM_CLASSES]
+CAUSAL_LM_MODELS_BY_NAME = {spec.name: spec for spec in CAUSAL_LM_MODELS}
 
 
 def build(spec: ModelSpec) -> Built:

@@ -1,7 +1,7 @@
 """ort-rotary-embedding (rules/ort/rotary.yaml): rotate_half RoPE with run-time angles into
 com.microsoft.RotaryEmbedding, on a hand-built graph of the dynamo Llama form and end to end
-on the cached Llama exports. Angles per batch element, halves of another angle, or a slice
-that is not the half stay."""
+on the cached Llama exports. Angles per batch element are ort-rotary-embedding-batched's;
+halves of another angle, or a slice that is not the half stay."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from onnxfuse.language.packs import load_builtin_rules
 from onnxfuse.targets.capabilities import load_target
 
 RULE, ONNX_RULE = "ort-rotary-embedding", "onnx-rotary-embedding"
+BATCHED = "ort-rotary-embedding-batched"
 RULES = {rule.name: rule for rule in load_builtin_rules(["ort", "onnx", "core"])}
 F32, I64 = np.float32, np.int64
 HEADS, HEAD = 2, 8
@@ -81,9 +82,9 @@ def feeds(batch=2, seq=5, angle_batch=1, start=0):
     }
 
 
-def optimize(model):
-    report, result = optimize_proto(model, [RULES[RULE]], target=load_target("cpu"))
-    return report.rules[RULE].applied, result
+def optimize(model, rule=RULE):
+    report, result = optimize_proto(model, [RULES[rule]], target=load_target("cpu"))
+    return report.rules[rule].applied, result
 
 
 def ops(model) -> list[str]:
@@ -130,6 +131,27 @@ def test_opset_23_fuses_into_the_standard_op_for_the_onnx_target():
 
 def test_angles_per_batch_element_do_not_fuse():
     applied, _ = optimize(rope_graph(angle_batch="batch"))
+    assert applied == 0
+
+
+def test_angles_per_batch_element_fuse_with_a_row_per_token():
+    model = rope_graph(angle_batch="batch")
+    applied, result = optimize(model, BATCHED)
+    assert applied == 2
+    assert ops(result).count("RotaryEmbedding") == 2 and "Neg" not in ops(result)
+    assert ops(result).count("Cos") == 1 and ops(result).count("Sin") == 1
+    rng = np.random.default_rng(7)
+    # Every sequence at its own positions (left padding, a decode step far into the cache).
+    for batch, seq in [(3, 5), (1, 1), (2, 1), (4, 3)]:
+        f = feeds(batch=batch, seq=seq, angle_batch=batch)
+        f["P"] = rng.integers(0, 4000, (batch, seq)).astype(I64)
+        for got, want in zip(run(result, f), run(model, f), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_row_of_angles_for_a_batch_is_not_the_batched_rules():
+    # m [1, seq, half] broadcast over x's batch: no row per sequence to index.
+    applied, _ = optimize(rope_graph(angle_batch=1), BATCHED)
     assert applied == 0
 
 

@@ -30,7 +30,9 @@ ALTERNATIVE = "alternative"
 # Guard name for the target's parameters (a mapping, empty without any: `cpu:block=8`).
 TARGET_PARAMS = "target_params"
 # Rewrite phases, in the order they run; each reaches its own fixpoint before the next.
-PHASES = ("fusion", "layout")
+# `packing` merges ops of one input (Q/K/V projections) once the fusions that read them
+# one by one (encoder Attention) have had their chance.
+PHASES = ("fusion", "packing", "layout")
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ from onnxfuse.rewrite.driver import Driver, Limits, order_rules
 
 
 class RewritePass(ir.passes.InPlacePass):
-    """The rules that run in ``phase`` (fusion, then layout), each phase to its own
+    """The rules that run in ``phase`` (fusion, packing, then layout), each phase to its own
     fixpoint; nothing runs once an earlier phase stopped early."""
 
     def __init__(self, state: RunState, phase: str, rules: list[Rule], limits: Limits):
