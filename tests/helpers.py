@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -221,6 +222,24 @@ rules:
       dtypes: [float]
       inputs: {X: [3, 5]}
 """
+
+
+FUSION = Path(__file__).resolve().parent / "data" / "ort-fusion"
+FIVE_MODELS = [
+    "bias_softmax_fusion_allleadingones",
+    "conv_hardsigmoid",
+    "gemm_transpose_2inputs_transposed",
+    "gemm_transpose_output_transposed",
+    "transpose_matmul_trans_batch_fusion3",
+]
+
+
+def five_models(folder: Path) -> Path:
+    """Five small models of the repository (symbolic dimensions among their inputs)."""
+    folder.mkdir()
+    for name in FIVE_MODELS:
+        shutil.copy(FUSION / f"{name}.onnx", folder / f"{name}.onnx")
+    return folder
 
 
 # -- Ray ----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,9 +51,12 @@ class ZooJob:
     settings: Settings
 
 
-def jobs_of(source: Path, settings: Settings) -> Iterator[ZooJob]:
+def jobs_of(
+    source: Path, settings: Settings, names: Collection[str] | None = None
+) -> Iterator[ZooJob]:
     """The jobs of a folder (every .onnx file under it, in path order) or a manifest
-    (its models in its order, each fetched and cached here as its job is handed out)."""
+    (its models in its order, each fetched and cached here as its job is handed out);
+    with ``names``, only the manifest's models of those names."""
     if source.is_dir():
         for path in sorted(source.rglob("*.onnx")):
             name = path.relative_to(source).with_suffix("").as_posix()
@@ -64,6 +67,8 @@ def jobs_of(source: Path, settings: Settings) -> Iterator[ZooJob]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise OnnxfuseError(f"{source}: not a folder of models or a zoo manifest: {exc}") from None
     for model in manifest.values():
+        if names is not None and model.name not in names:
+            continue
         try:
             path = models.model_path(model, manifest)
         except models.FetchError as exc:
