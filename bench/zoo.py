@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             command = "python bench/zoo.py"
             command += " --only " + " ".join(args.only) if args.only else ""
             command += " --markdown" + ("" if args.markdown == str(DOC) else f" {args.markdown}")
+            command += f" --jobs {args.jobs}" if args.jobs else ""
+            command += f" --ray {args.ray}" if args.ray else ""
             Path(args.markdown).write_text(markdown(command, rows))
             print(f"wrote {args.markdown}", file=sys.stderr)
     return 0

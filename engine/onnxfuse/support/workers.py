@@ -185,8 +185,8 @@ def _ray_finished(ray, pending: dict[Any, int]) -> Iterator[tuple[int, Any]]:
 
 
 def _connect(ray, workers: Workers) -> bool:
-    """Start or join Ray unless this process already is connected; True if it started it
-    (and so shuts it down after)."""
+    """Start or join Ray unless this process is connected already (a test's session Ray);
+    True if this call connected, and so disconnects after (a local Ray it started stops)."""
     if ray.is_initialized():
         return False
     options: dict[str, Any] = {
