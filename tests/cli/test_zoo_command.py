@@ -68,16 +68,30 @@ def test_a_wrong_rule_fails_its_model_with_a_one_line_repro(tmp_path, capsys):
     assert row["fired"] == {"div-sqrt2-as-rounded-mul": 1}
 
 
+def test_a_file_that_is_no_model_fails_its_row_and_the_others_run(tmp_path, capsys):
+    models = five_models(tmp_path / "models")
+    (models / "broken.onnx").write_bytes(b"not a model")
+    assert main(["zoo", str(models), "--latency-runs", "0"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("  FAIL  broken: DecodeError")  # in the folder's order
+    assert out[2].strip().startswith(f"reproduce: onnxfuse optimize {models / 'broken.onnx'}")
+    assert out[-1] == "5 passed, 1 failed"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["zoo", "no-such-folder"], "no-such-folder: no such folder or manifest"),
+        (["zoo", "{models}/empty"], "empty: no .onnx file in this folder"),
+        (["zoo", "{models}/list.yaml"], "list.yaml: not a folder of models or a zoo manifest"),
         (["zoo", "{models}", "--peers", "ort,tvm"], "--peers: unknown tvm (one of ort,"),
         (["zoo", "{models}", "--target", "nowhere"], "nowhere"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     models = five_models(tmp_path / "models")
+    (models / "empty").mkdir()
+    (models / "list.yaml").write_text("- not\n- a manifest\n")
     assert main([a.format(models=models) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("onnxfuse: error: ") and message in err[0]

@@ -101,6 +101,8 @@ def run_zoo(args: argparse.Namespace) -> int:
     command = (
         "onnxfuse zoo " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["zoo"] else "onnxfuse zoo"
     )
+    if source.is_dir() and next(source.rglob("*.onnx"), None) is None:
+        raise OnnxfuseError(f"{source}: no .onnx file in this folder")
     with tempfile.TemporaryDirectory(prefix="onnxfuse-zoo-") as tmp:
         lines = Path(args.json) if args.json else Path(tmp) / "rows.jsonl"
         passed, failed = _run(run.jobs_of(source, settings), run_on, lines)
