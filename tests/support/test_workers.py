@@ -60,5 +60,12 @@ def test_check_with_ray_but_without_it_says_how_to_install_it(no_ray, capsys):
     assert err == ["onnxfuse: error: --ray needs Ray: pip install 'onnxfuse[ray]'"]
 
 
+def test_zoo_with_ray_but_without_it_says_how_to_install_it(no_ray, tmp_path, capsys):
+    (tmp_path / "m.onnx").write_bytes(b"")
+    assert onnxfuse_main(["zoo", str(tmp_path), "--ray"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["onnxfuse: error: --ray needs Ray: pip install 'onnxfuse[ray]'"]
+
+
 def test_without_ray_the_jobs_still_run_here(no_ray):
     assert list(workers.run_jobs(square, [3], workers.Workers(jobs=1))) == [(0, 9)]

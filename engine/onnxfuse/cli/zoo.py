@@ -14,6 +14,7 @@ from pathlib import Path
 from onnxfuse.cli.arguments import add_rule_options
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.support import workers
+from onnxfuse.zoo import PEERS
 
 
 def add_zoo_command(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +38,7 @@ def add_zoo_command(subparsers: argparse._SubParsersAction) -> None:
         "--peers",
         default="",
         metavar="LIST",
-        help="comma-separated peers to run too: " + ",".join(_peer_names()),
+        help="comma-separated peers to run too: " + ",".join(PEERS),
     )
     zoo.add_argument(
         "--every-pack",
@@ -63,12 +64,6 @@ def add_zoo_command(subparsers: argparse._SubParsersAction) -> None:
     zoo.set_defaults(handler=run_zoo)
 
 
-def _peer_names() -> list[str]:
-    from onnxfuse.zoo.run import PEERS
-
-    return list(PEERS)
-
-
 def run_zoo(args: argparse.Namespace) -> int:
     from onnxfuse.zoo import run, table
 
@@ -76,11 +71,9 @@ def run_zoo(args: argparse.Namespace) -> int:
     if not source.exists():
         raise OnnxfuseError(f"{source}: no such folder or manifest")
     peers = [p for p in args.peers.split(",") if p]
-    unknown = [p for p in peers if p not in run.PEERS]
+    unknown = [p for p in peers if p not in PEERS]
     if unknown:
-        raise OnnxfuseError(
-            f"--peers: unknown {', '.join(unknown)} (one of {', '.join(run.PEERS)})"
-        )
+        raise OnnxfuseError(f"--peers: unknown {', '.join(unknown)} (one of {', '.join(PEERS)})")
     if args.latency_runs < 0:
         raise OnnxfuseError("--latency-runs must be >= 0")
     for path in (args.json, args.markdown):
@@ -94,7 +87,7 @@ def run_zoo(args: argparse.Namespace) -> int:
         builtin=not args.no_builtin,
         every_pack=args.every_pack,
         every_fusion=args.every_fusion,
-        peers=tuple(run.PEERS[p] for p in peers),
+        peers=tuple(PEERS[p] for p in peers),
         latency_runs=args.latency_runs,
         seed=args.seed,
     )

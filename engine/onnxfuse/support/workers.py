@@ -15,13 +15,14 @@ imported only when asked for.
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from onnxfuse.errors import OnnxfuseError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -128,6 +129,10 @@ def _run_task(function, setup, job):
 
 
 def _on_processes(function, jobs: Iterator, processes: int, setup) -> Iterator[tuple[int, Any]]:
+    # Imported here: every command's parser imports this module.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     # spawn, not fork: a forked onnxruntime or hypothesis state is not safe to reuse.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(processes, mp_context=context, initializer=setup) as pool:
@@ -145,6 +150,8 @@ def _on_processes(function, jobs: Iterator, processes: int, setup) -> Iterator[t
 
 
 def _finished(pending: dict[Future, int]) -> Iterator[tuple[int, Any]]:
+    from concurrent.futures import FIRST_COMPLETED, wait
+
     done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
     for future in done:
         yield pending.pop(future), future.result()

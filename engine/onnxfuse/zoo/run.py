@@ -22,8 +22,6 @@ import onnx
 from onnxfuse.errors import OnnxfuseError
 from onnxfuse.zoo import models
 
-# What `--peers` names, and the tool each runs (onnxfuse.zoo.peers).
-PEERS = {"ort": "ort-extended", "onnxscript": "onnxscript", "onnxslim": "onnxslim"}
 # A symbolic dimension of a folder's model (batch, sequence) is given this size.
 SYMBOLIC_DIM = 1
 LATENCY_RUNS = 5
