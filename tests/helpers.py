@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -196,3 +201,87 @@ def model_bytes(model: onnx.ModelProto) -> int:
     stripped.CopyFrom(model)
     del stripped.graph.value_info[:]
     return stripped.ByteSize() - provenance_bytes(stripped)
+
+
+# Rewrites x / sqrt(2) as x * 0.7072: off by 1e-4 relative, a wrong constant.
+NEARLY_RIGHT = """
+rules:
+  - name: div-sqrt2-as-rounded-mul
+    description: a wrong constant, for the fuzzer to find
+    source: |
+      f (X) => (Y) {
+        r = Constant<value_float = 1.4142135>()
+        Y = Div(X, r)
+      }
+    replacement: |
+      f (X) => (Y) {
+        k = Constant<value_float = 0.7072>()
+        Y = Mul(X, k)
+      }
+    verify:
+      dtypes: [float]
+      inputs: {X: [3, 5]}
+"""
+
+
+FUSION = Path(__file__).resolve().parent / "data" / "ort-fusion"
+FIVE_MODELS = [
+    "bias_softmax_fusion_allleadingones",
+    "conv_hardsigmoid",
+    "gemm_transpose_2inputs_transposed",
+    "gemm_transpose_output_transposed",
+    "transpose_matmul_trans_batch_fusion3",
+]
+
+
+def five_models(folder: Path) -> Path:
+    """Five small models of the repository (symbolic dimensions among their inputs)."""
+    folder.mkdir()
+    for name in FIVE_MODELS:
+        shutil.copy(FUSION / f"{name}.onnx", folder / f"{name}.onnx")
+    return folder
+
+
+# -- Ray ----------------------------------------------------------------------------------
+
+
+def _descendants() -> dict[int, str]:
+    """This process's descendants (Ray's workers among them): pid -> command line."""
+    parents: dict[int, int] = {}
+    lines: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        lines[int(entry.name)] = line
+    found, todo = {}, [os.getpid()]
+    while todo:
+        parent = todo.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found[pid] = lines[pid]
+                todo.append(pid)
+    return found
+
+
+def kill_a_busy_worker(killed: list[int], seconds: float = 60.0) -> threading.Thread:
+    """A thread that kills (SIGKILL) the first Ray worker it finds running a job."""
+
+    def hunt() -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not killed:
+            for pid, line in _descendants().items():
+                if line.startswith("ray::_run_task"):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=hunt, daemon=True)
+    thread.start()
+    return thread

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import mish_rule
+from helpers import NEARLY_RIGHT, mish_rule
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 
@@ -78,27 +78,6 @@ def test_rules_mutates_the_installed_packs(tmp_path: Path):
     assert _summary(result) == (5, 0), result.stderr[-3000:]
     assert not (tmp_path / "fuzz-corpus").exists()
     assert not (tmp_path / ".hypothesis").exists()
-
-
-# Rewrites x / sqrt(2) as x * 0.7072: off by 1e-4 relative, a wrong constant.
-NEARLY_RIGHT = """
-rules:
-  - name: div-sqrt2-as-rounded-mul
-    description: a wrong constant, for the fuzzer to find
-    source: |
-      f (X) => (Y) {
-        r = Constant<value_float = 1.4142135>()
-        Y = Div(X, r)
-      }
-    replacement: |
-      f (X) => (Y) {
-        k = Constant<value_float = 0.7072>()
-        Y = Mul(X, k)
-      }
-    verify:
-      dtypes: [float]
-      inputs: {X: [3, 5]}
-"""
 
 
 def test_a_wrong_rule_of_yours_is_saved_and_replayed_with_its_file(tmp_path: Path):

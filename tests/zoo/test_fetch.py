@@ -1,4 +1,4 @@
-"""tests/zoo/fetch.py without the network: the manifest, the cache, the errors, the feeds."""
+"""onnxfuse.zoo.models without the network: the manifest, the cache, the errors, the feeds."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zoo import fetch
-from zoo.fetch import FetchError, InputSpec, ZooModel
+from onnxfuse.zoo import models as fetch
+from onnxfuse.zoo.models import FetchError, InputSpec, ZooModel
 
 PAYLOAD = b"not really a model, only bytes to hash"
 
@@ -53,7 +53,7 @@ def _fake_pip(members: dict[str, bytes], calls: list) -> object:
 
 
 def test_manifest_is_complete_and_pinned():
-    models = fetch.load_manifest()
+    models = fetch.load_manifest(Path(__file__).with_name("manifest.yaml"))
     assert len(models) >= 20
     for model in models.values():
         assert re.fullmatch(r"[0-9a-f]{64}", model.sha256), model.name

@@ -18,11 +18,13 @@ Where onnxfuse does not meet one today, the model is listed in KNOWN_REFUSALS,
 KNOWN_LARGER or KNOWN_GAPS with the numbers measured and the reason; each list is
 asserted exactly: a model that meets the criterion fails until it is removed.
 
-The models are fetched once into ~/.cache/onnxfuse-zoo (tests/zoo/fetch.py); with a
+The models are fetched once into ~/.cache/onnxfuse-zoo (onnxfuse.zoo.models); with a
 warm cache the module takes about a minute on 2 cores.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import onnx
 import onnxruntime as ort
@@ -31,11 +33,12 @@ from exports.anchors import compare, count_nodes
 from exports.anchors import session as ort_session
 
 from onnxfuse.api import select_rules
-from zoo.fetch import FetchError, load_manifest, make_feeds, model_path
+from onnxfuse.zoo.models import FetchError, load_manifest, make_feeds, model_path
 
 pytestmark = pytest.mark.slow
 
-MANIFEST = load_manifest()
+MANIFEST_FILE = Path(__file__).with_name("manifest.yaml")
+MANIFEST = load_manifest(MANIFEST_FILE)
 TOOLS = ("onnxfuse", "ort-extended", "onnxscript", "onnxslim")
 PEERS = TOOLS[1:]
 

@@ -9,14 +9,16 @@ asserted exactly.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from onnxfuse.cli.main import main
-from zoo.fetch import FetchError, load_manifest, model_path
+from onnxfuse.zoo.models import FetchError, load_manifest, model_path
 
 pytestmark = pytest.mark.slow
 
-MANIFEST = load_manifest()
+MANIFEST = load_manifest(Path(__file__).with_name("manifest.yaml"))
 
 KNOWN_PLAN_GAPS: dict[str, str] = {
     "ddddocr-ocr-int8": (

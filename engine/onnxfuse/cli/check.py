@@ -8,6 +8,7 @@ from pathlib import Path
 
 from onnxfuse.cli.arguments import positive_int
 from onnxfuse.errors import OnnxfuseError
+from onnxfuse.support import workers
 
 DEFAULT_EXAMPLES = 100
 DEFAULT_SAVE_DIR = "onnxfuse-check"
@@ -67,6 +68,7 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
         help="check at most N of the negative and boundary cases derived from each instance, "
         "every kind in turn (default: all)",
     )
+    workers.add_arguments(check, jobs_help="rules checked at once, in worker processes")
     check.set_defaults(handler=run_check)
 
 
@@ -80,6 +82,7 @@ def run_check(args: argparse.Namespace) -> int:
     from onnxfuse.targets.capabilities import load_target
 
     keep_hypothesis_files_out_of_the_working_directory()
+    run_on = workers.from_arguments(args)
     rules = load_rules(list(args.rules))
     check_unique(rules)
     if args.rule:
@@ -95,29 +98,34 @@ def run_check(args: argparse.Namespace) -> int:
     _check_domains(rules)
     if args.replay:
         return _replay(args, rules, target)
-    return _check(args, rules, target)
+    return _check(args, rules, target, run_on)
 
 
-def _check(args: argparse.Namespace, rules, target) -> int:
-    from onnxfuse.proof.check import check_rule, save_counterexample
+def _check(args: argparse.Namespace, rules, target, run_on: workers.Workers) -> int:
+    from onnxfuse.proof.check import run_job, save_counterexample
+    from onnxfuse.proof.hypothesis_home import keep_hypothesis_files_out_of_the_working_directory
 
     where = " ".join(args.rules)
     print(
         f"onnxfuse check {where}: {len(rules)} rule(s), {args.examples} instances each, "
-        f"target {args.target}",
+        f"target {args.target}" + ("" if run_on.in_process else f", {run_on.describe()}"),
         flush=True,
     )
     width = max((len(r.name) for r in rules), default=4)
     failed = 0
-    for rule in rules:
-        report = check_rule(
-            rule,
-            examples=args.examples,
-            target=target,
-            seed=args.seed,
-            negative=not args.no_negatives,
-            negatives_per_instance=args.negatives_per_instance,
-        )
+    options = {
+        "examples": args.examples,
+        "target": target,
+        "seed": args.seed,
+        "negative": not args.no_negatives,
+        "negatives_per_instance": args.negatives_per_instance,
+    }
+    jobs = [(rule, options) for rule in rules]
+    reports = workers.run_jobs(
+        run_job, jobs, run_on, keep_hypothesis_files_out_of_the_working_directory
+    )
+    # Each rule's lines in the order of the rules, whichever worker finishes first.
+    for rule, report in zip(rules, workers.in_order(reports)):
         if report.unavailable is not None:
             print(f"  skip  {rule.name:<{width}}  {report.summary()}", flush=True)
             continue

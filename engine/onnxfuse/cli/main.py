@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     from onnxfuse.cli.report import add_report_command
     from onnxfuse.cli.rules import add_rules_command
     from onnxfuse.cli.targets import add_targets_command
+    from onnxfuse.cli.zoo import add_zoo_command
 
     parser = Parser(
         prog="onnxfuse",
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_command(sub)
     add_fuzz_command(sub)
     add_report_command(sub)
+    add_zoo_command(sub)
     return parser
 
 

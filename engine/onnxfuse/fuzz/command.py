@@ -9,16 +9,18 @@ corpus already lists as xfail), 1 otherwise, 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
-import multiprocessing
 import shlex
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections import Counter
 from pathlib import Path
 
+from onnxfuse.errors import OnnxfuseError
 from onnxfuse.fuzz import corpus
+from onnxfuse.support import workers
 
 DEFAULT_TARGETS = ["cpu", "onnx"]
 
@@ -45,7 +47,7 @@ def main(
         action="append",
         help="target(s) to optimize for (default: cpu and onnx; `all`: every built-in target)",
     )
-    graphs.add_argument("--jobs", type=int, default=1, help="worker processes")
+    workers.add_arguments(graphs)
     graphs.add_argument("--max-steps", type=int, default=8, help="steps per generated model")
     graphs.add_argument("--chunk-size", type=int, default=None, help=argparse.SUPPRESS)
     graphs.add_argument(
@@ -78,6 +80,7 @@ def main(
     rules.add_argument(
         "--no-apply", action="store_true", help="only load valid mutants, do not optimize with them"
     )
+    workers.add_arguments(rules)
     _common(rules, default_corpus)
 
     replay = sub.add_parser("replay", help="check corpus cases again and say what happens")
@@ -102,10 +105,18 @@ def main(
         table = Path(args.table)
         if table.is_dir() or not table.parent.is_dir():
             parser.error(f"--table {table}: not a file in an existing directory")
+    try:
+        where = workers.from_arguments(args)
+    except OnnxfuseError as exc:
+        parser.error(str(exc))
     command = f"{prog} " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    if args.command == "graphs":
-        return _graphs(args, parser, command)
-    return _rules(args, command)
+    try:
+        if args.command == "graphs":
+            return _graphs(args, parser, command, where)
+        return _rules(args, command, where)
+    except OnnxfuseError as exc:  # Ray could not be started or joined
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _hypothesis_files_elsewhere() -> None:
@@ -155,8 +166,7 @@ class _Progress:
         )
 
 
-def _graphs(args, parser, command: str) -> int:
-    from onnxfuse.errors import OnnxfuseError
+def _graphs(args, parser, command: str, where: workers.Workers) -> int:
     from onnxfuse.fuzz import graph_runner, oracle
     from onnxfuse.targets.capabilities import builtin_target_names, load_target
 
@@ -178,7 +188,7 @@ def _graphs(args, parser, command: str) -> int:
         parser.error(str(exc))
     corpus_dir = None if args.no_save else args.corpus
     if args.each_rule is not None:
-        return _each_rule(args, parser, targets, corpus_dir, command)
+        return _each_rule(args, parser, targets, corpus_dir, command, where)
     chunk_size = args.chunk_size or graph_runner.CHUNK_SIZE
     chunks = [
         (k, min(chunk_size, args.iterations - k * chunk_size))
@@ -188,48 +198,49 @@ def _graphs(args, parser, command: str) -> int:
     total = graph_runner.Tally()
     _say(
         f"graph fuzzing: {args.iterations} models, seed {args.seed}, targets {', '.join(targets)}, "
-        f"{len(chunks)} chunk(s), {args.jobs} job(s)"
+        f"{len(chunks)} chunk(s), {where.describe()}"
     )
-    jobs = [
+    # The corpus's signatures go with each job, read as it is handed out: a worker
+    # (perhaps on another machine) shrinks only failures new to the corpus, and this
+    # process saves them.
+    jobs = (
         (
             args.seed,
             k,
             size,
             tuple(targets),
-            corpus_dir,
+            _known(corpus_dir, "graph"),
             args.max_steps,
             args.shrink_seconds,
             command,
             oracle.rule_files(),
         )
         for k, size in chunks
-    ]
-    if args.jobs <= 1:
-        for job in jobs:
-            base = graph_runner.Tally()
-            base.merge(total)
+    )
 
-            def show(t, base=base):
-                progress.show(
-                    base.passed + t.passed, base.failed + t.failed, base.discarded + t.discarded
-                )
+    def show(running: graph_runner.Tally) -> None:  # in this process: every model
+        progress.show(
+            total.passed + running.passed,
+            total.failed + running.failed,
+            total.discarded + running.discarded,
+        )
 
-            total.merge(graph_runner.run_job(job, show))
-            _report_new(total)
-    else:
-        context = multiprocessing.get_context("spawn")
-        with context.Pool(args.jobs, initializer=_hypothesis_files_elsewhere) as pool:
-            for tally in pool.imap_unordered(graph_runner.run_job, jobs):
-                total.merge(tally)
-                _report_new(total)
-                progress.show(total.passed, total.failed, total.discarded, force=True)
+    run = graph_runner.run_job
+    if where.in_process:
+        run = functools.partial(graph_runner.run_job, progress=show)
+    for _, tally in workers.run_jobs(run, jobs, where, _hypothesis_files_elsewhere):
+        _save_new(tally.cases, corpus_dir)
+        total.merge(tally)
+        progress.show(total.passed, total.failed, total.discarded, force=True)
     progress.show(total.passed, total.failed, total.discarded, force=True)
     _graph_summary(total, targets, args)
     print(f"{total.passed} passed, {total.failed} failed", flush=True)
     return _exit_status(total.failures, corpus.xfail_signatures(args.corpus, "graph"), args.strict)
 
 
-def _each_rule(args, parser, targets: list[str], corpus_dir, command: str) -> int:
+def _each_rule(
+    args, parser, targets: list[str], corpus_dir, command: str, where: workers.Workers
+) -> int:
     from onnxfuse.fuzz import each_rule, oracle
 
     names = each_rule.rule_names()
@@ -243,7 +254,7 @@ def _each_rule(args, parser, targets: list[str], corpus_dir, command: str) -> in
         names = [n for n in names if n in args.rule]
     _say(
         f"rule coverage: {len(names)} rules x {args.each_rule}, seed {args.seed}, "
-        f"targets {', '.join(targets)}, {args.jobs} job(s)"
+        f"targets {', '.join(targets)}, {where.describe()}"
     )
     jobs = [
         (
@@ -252,31 +263,23 @@ def _each_rule(args, parser, targets: list[str], corpus_dir, command: str) -> in
             args.each_rule,
             tuple(targets),
             args.seed,
-            corpus_dir,
+            corpus_dir is not None,
             command,
             oracle.rule_files(),
         )
         for i, name in enumerate(names)
     ]
     progress = _Progress("each-rule", len(names) * args.each_rule)
-    results = []
-    outcomes: Iterator[each_rule.RuleCoverage]
-    if args.jobs <= 1:
-        outcomes = map(each_rule.run_job, jobs)
-    else:
-        pool = multiprocessing.get_context("spawn").Pool(
-            args.jobs, initializer=_hypothesis_files_elsewhere
-        )
-        outcomes = pool.imap(each_rule.run_job, jobs)
-    try:
-        for result in outcomes:
-            results.append(result)
-            for path in result.saved:
-                _say(f"  new failure saved: {path}")
-            progress.show(sum(r.passed for r in results), sum(r.failed for r in results), 0)
-    finally:
-        if args.jobs > 1:
-            pool.terminate()
+    # In the order of the rules, whichever worker finishes first.
+    found: dict[int, each_rule.RuleCoverage] = {}
+    for index, result in workers.run_jobs(
+        each_rule.run_job, jobs, where, _hypothesis_files_elsewhere
+    ):
+        found[index] = result
+        _save_new(result.cases, corpus_dir)
+        done = found.values()
+        progress.show(sum(r.passed for r in done), sum(r.failed for r in done), 0)
+    results = [found[i] for i in sorted(found)]
     progress.show(sum(r.passed for r in results), sum(r.failed for r in results), 0, force=True)
     each_rule.summary(results, _say)
     if args.table:
@@ -287,13 +290,17 @@ def _each_rule(args, parser, targets: list[str], corpus_dir, command: str) -> in
     return _exit_status(total.failures, corpus.xfail_signatures(args.corpus, "graph"), args.strict)
 
 
-_reported: set[str] = set()
+def _known(corpus_dir: Path | None, kind: str) -> list[str] | None:
+    """The corpus's signatures now (None: no corpus, so nothing is shrunk)."""
+    return None if corpus_dir is None else sorted(corpus.known_signatures(corpus_dir, kind))
 
 
-def _report_new(total) -> None:
-    for path in total.saved:
-        if path not in _reported:
-            _reported.add(path)
+def _save_new(cases: list[corpus.Case], corpus_dir: Path | None) -> None:
+    """Save the new failures a job found (shrunk where it ran) in this process's corpus."""
+    for case in cases:
+        assert corpus_dir is not None  # jobs shrink and return cases only with a corpus
+        path = corpus.save_case(corpus_dir, case)
+        if path is not None:  # None: another job saved that signature first
             _say(f"  new failure saved: {path}")
 
 
@@ -304,7 +311,8 @@ def _graph_summary(total, targets, args) -> None:
         f"discarded {total.discarded} generated models ({rate:.1f}%); "
         f"{total.duplicates} duplicates skipped"
     )
-    for reason, count in total.discard_reasons.most_common(5):
+    # Ties in a fixed order: jobs finish in any order, the report is the same.
+    for reason, count in _by_count(total.discard_reasons)[:5]:
         _say(f"  {count:5d}  {reason}")
     from onnxfuse.fuzz.each_rule import enabled_anywhere
 
@@ -315,10 +323,14 @@ def _graph_summary(total, targets, args) -> None:
             f"rules fired for target {name}: {sum(fired.values())} rewrites, "
             f"{len(fired)} distinct rules; never fired: {', '.join(never) or 'none'}"
         )
-    for signature, count in total.failures.most_common():
+    for signature, count in _by_count(total.failures):
         _say(f"  failure x{count}: {signature}")
-    for note in total.notes:
+    for note in sorted(total.notes):
         _say(f"  note: {note}")
+
+
+def _by_count(counts: Counter) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
 def _exit_status(failures, xfail: set[str], strict: bool) -> int:
@@ -331,30 +343,48 @@ def _exit_status(failures, xfail: set[str], strict: bool) -> int:
     return 0
 
 
-def _rules(args, command: str) -> int:
+def _rules(args, command: str, where: workers.Workers) -> int:
     from onnxfuse.fuzz import rules as rule_fuzzer
 
     progress = _Progress("rules", args.iterations)
     corpus_dir = None if args.no_save else args.corpus
-    _say(f"rule fuzzing: {args.iterations} mutants, seed {args.seed}, timeout {args.timeout}s")
-    tally = rule_fuzzer.run(
-        iterations=args.iterations,
-        fuzz_seed=args.seed,
-        timeout=args.timeout,
-        corpus_dir=corpus_dir,
-        apply=not args.no_apply,
-        shrink_seconds=args.shrink_seconds,
-        progress=lambda t: progress.show(t.passed, t.failed, 0),
-        command=command,
+    _say(
+        f"rule fuzzing: {args.iterations} mutants, seed {args.seed}, timeout {args.timeout}s, "
+        f"{where.describe()}"
     )
+    # In this process the campaign is one job (one checking process for every mutant).
+    size = max(1, args.iterations) if where.in_process else rule_fuzzer.CHUNK_SIZE
+    jobs = (
+        (
+            args.seed,
+            start,
+            min(size, args.iterations - start),
+            args.timeout,
+            _known(corpus_dir, "rule"),
+            not args.no_apply,
+            args.shrink_seconds,
+            command,
+        )
+        for start in range(0, args.iterations, size)
+    )
+    tally = rule_fuzzer.Tally()
+
+    def show(running: rule_fuzzer.Tally) -> None:
+        progress.show(tally.passed + running.passed, tally.failed + running.failed, 0)
+
+    run = rule_fuzzer.run_job
+    if where.in_process:
+        run = functools.partial(rule_fuzzer.run_job, progress=show)
+    for _, part in workers.run_jobs(run, jobs, where, _hypothesis_files_elsewhere):
+        _save_new(part.cases, corpus_dir)
+        tally.merge(part)
+        progress.show(tally.passed, tally.failed, 0, force=True)
     progress.show(tally.passed, tally.failed, 0, force=True)
     _say(
         f"mutants: {tally.errors} rejected with a clear error ({tally.without_line} of them "
         f"without a line number), {tally.valid} valid ({tally.applied} applied to models)"
     )
-    for path in tally.saved:
-        _say(f"  new failure saved: {path}")
-    for signature, count in tally.failures.most_common():
+    for signature, count in _by_count(tally.failures):
         _say(f"  failure x{count}: {signature}")
     print(f"{tally.passed} passed, {tally.failed} failed", flush=True)
     return _exit_status(tally.failures, corpus.xfail_signatures(args.corpus, "rule"), args.strict)

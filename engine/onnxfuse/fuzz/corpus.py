@@ -69,6 +69,21 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()[:60] or "case"
 
 
+@dataclass
+class Case:
+    """A minimized failure found by a worker, saved by the process that owns the corpus
+    (a worker may run on another machine)."""
+
+    kind: str  # graph / rule
+    payload: bytes
+    suffix: str
+    data: dict[str, Any]
+
+
+def save_case(directory: Path, case: Case) -> Path | None:
+    return save(directory, case.kind, case.payload, case.suffix, case.data)
+
+
 def save(
     directory: Path, kind: str, payload: bytes, suffix: str, data: dict[str, Any]
 ) -> Path | None:

@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from onnxfuse.fuzz import oracle
-from onnxfuse.fuzz.graph_runner import Tally, _Failure, _Record, _save, derive_seed
+from onnxfuse.fuzz import corpus, oracle
+from onnxfuse.fuzz.graph_runner import Tally, _Failure, _Record, corpus_case, derive_seed
 from onnxfuse.fuzz.graphs import _BY_NAME, _MENU, OPSETS, GraphCase, _RandomBuilder, assemble
 from onnxfuse.language.rule import Rule
 from onnxfuse.proof.domain import Domain
+from onnxfuse.support.every_module import load_every_module
 
 ATTEMPTS = 4  # draws per embedding before it counts as not embeddable
 _IR_FOR = dict(OPSETS)
@@ -55,7 +56,7 @@ class RuleCoverage:
     not_fired: Counter = field(default_factory=Counter)  # why an embedding did not fire
     fired_on: Counter = field(default_factory=Counter)  # target -> embeddings that fired
     failures: list[str] = field(default_factory=list)  # signatures
-    saved: list[str] = field(default_factory=list)
+    cases: list[corpus.Case] = field(default_factory=list)  # new failures, to save
 
 
 def _rules() -> list[tuple[Rule, Domain]]:
@@ -182,10 +183,11 @@ def check_rule(
     repeats: int,
     targets: Sequence[str],
     fuzz_seed: int,
-    corpus_dir: Path | None,
+    save: bool,
     command: str,
 ) -> RuleCoverage:
-    """``repeats`` embeddings of ``rule``, round-robin over the targets where it is enabled."""
+    """``repeats`` embeddings of ``rule``, round-robin over the targets where it is enabled.
+    With ``save``, the first failure of each signature is kept in ``cases`` (to save)."""
     coverage = RuleCoverage(rule.name)
     opsets = sorted(domain.opsets)
     coverage.targets = sorted(
@@ -229,14 +231,11 @@ def check_rule(
             culprit = oracle.diagnose(original, target_name, outcome)
             signature = oracle.signature(outcome, culprit)
             coverage.failures.append(f"{target_name}: {signature}: {outcome.message[:200]}")
-            if corpus_dir is not None and signature not in known:
+            if save and signature not in known:
                 known.add(signature)
                 record = _Record(0, "fail", target_name, outcome, signature, culprit)
-                saved = _save(
-                    corpus_dir, case, _Failure("", record, case), fuzz_seed, k, 0, command
-                )
-                if saved is not None:
-                    coverage.saved.append(str(saved))
+                failure = _Failure("", record, case)
+                coverage.cases.append(corpus_case(case, failure, fuzz_seed, k, 0, command))
             continue
         coverage.passed += 1
         if not fired:
@@ -246,13 +245,11 @@ def check_rule(
 
 def run_job(job: tuple) -> RuleCoverage:
     """check_rule for the rule named in ``job`` (a process pool's unit of work)."""
-    name, index, repeats, targets, fuzz_seed, corpus_dir, command, rules = job
-    from onnxfuse.fuzz.graph_runner import _load_local_modules
-
+    name, index, repeats, targets, fuzz_seed, save, command, rules = job
     oracle.use_rules(rules)
-    _load_local_modules()
+    load_every_module()
     rule, domain = next((r, d) for r, d in _rules() if r.name == name)
-    return check_rule(rule, domain, index, repeats, targets, fuzz_seed, corpus_dir, command)
+    return check_rule(rule, domain, index, repeats, targets, fuzz_seed, save, command)
 
 
 def rule_names() -> list[str]:
@@ -267,7 +264,7 @@ def to_tally(results: Sequence[RuleCoverage], targets: Sequence[str]) -> Tally:
         tally.failed += c.failed
         for failure in c.failures:
             tally.failures[failure.split(": ", 2)[1]] += 1
-        tally.saved.extend(c.saved)
+        tally.cases.extend(c.cases)
         for t, n in c.fired_on.items():
             tally.fired.setdefault(t, Counter())[c.rule] += n
     return tally

@@ -17,15 +17,15 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, settings
 
 from onnxfuse.fuzz import corpus, oracle
 from onnxfuse.fuzz.graphs import GraphCase, graph_cases
+from onnxfuse.support.every_module import load_every_module
 
 CHUNK_SIZE = 50
 DEFAULT_SHRINK_SECONDS = 120.0
@@ -42,7 +42,7 @@ class Tally:
     discard_reasons: Counter = field(default_factory=Counter)
     fired: dict[str, Counter] = field(default_factory=dict)
     failures: Counter = field(default_factory=Counter)  # signature -> count
-    saved: list[str] = field(default_factory=list)
+    cases: list[corpus.Case] = field(default_factory=list)  # new failures, to save
     notes: list[str] = field(default_factory=list)
 
     def merge(self, other: Tally) -> None:
@@ -54,7 +54,7 @@ class Tally:
         for target, counts in other.fired.items():
             self.fired.setdefault(target, Counter()).update(counts)
         self.failures.update(other.failures)
-        self.saved.extend(other.saved)
+        self.cases.extend(other.cases)
         self.notes.extend(other.notes)
 
 
@@ -169,53 +169,28 @@ class _Shrinker:
         return oracle.check(original, record.target, chosen).same_failure(record.outcome)
 
 
-def _load_local_modules() -> None:
-    """Import every onnxfuse module now (the fuzzers' too).
-
-    Hypothesis draws some values from constants it finds in the local modules
-    loaded so far (sys.modules). Modules imported lazily during a run would
-    make the models of a chunk depend on what ran before it in the process:
-    with everything loaded up front, they depend on the seed (and the code) only.
-    """
-    import importlib
-    import pkgutil
-
-    import onnxfuse
-
-    names = ["onnxfuse.builtin_rules", "onnxfuse.builtin_targets"]
-    names += [m.name for m in pkgutil.walk_packages(onnxfuse.__path__, "onnxfuse.")]
-    for name in sorted(names):
-        if name.endswith("__main__"):
-            continue
-        try:
-            importlib.import_module(name)
-        except Exception:
-            continue
-
-
 def run_chunk(
     fuzz_seed: int,
     chunk: int,
     size: int,
     targets: Sequence[str],
-    corpus_dir: Path | None,
+    known: Collection[str] | None,
     max_steps: int = 8,
     shrink_seconds: float = DEFAULT_SHRINK_SECONDS,
     progress: Callable[[Tally], None] | None = None,
     command: str = "",
-    known: set[str] | None = None,
 ) -> Tally:
     """``size`` generated models (discards not counted), every target checked.
 
-    New failures (signature not in ``known``, by default the corpus's) are
-    shrunk and saved in ``corpus_dir``; without a corpus nothing is shrunk.
+    New failures (signature not in ``known``, the corpus's) are shrunk and returned in
+    ``Tally.cases`` for the caller to save; with ``known`` None (no corpus) nothing is
+    shrunk.
     """
-    _load_local_modules()
+    load_every_module()
     tally = Tally()
     cache: dict[str, _Record] = {}
-    if known is None:
-        known = corpus.known_signatures(corpus_dir) if corpus_dir is not None else set()
-    known = set(known)
+    shrink = known is not None
+    known = set(known or ())
     strategy = graph_cases(max_steps=max_steps)
     done = 0
     run = 0
@@ -227,13 +202,11 @@ def run_chunk(
         generate = _generator(cache, tally, targets, run, found, counted, progress)
         _execute(generate, strategy, run_seed, budget, shrink=False)
         done += counted[0]
-        if found and corpus_dir is not None and found[0].record.signature not in known:
+        if found and shrink and found[0].record.signature not in known:
             failure = found[0]
             best = _shrink(failure, cache, strategy, run_seed, budget, run, shrink_seconds)
             known.add(failure.record.signature)
-            saved = _save(corpus_dir, best, failure, fuzz_seed, chunk, run, command)
-            if saved is not None:
-                tally.saved.append(str(saved))
+            tally.cases.append(corpus_case(best, failure, fuzz_seed, chunk, run, command))
         if counted[0] == 0 and not found:
             tally.notes.append(f"chunk {chunk}: hypothesis generated nothing new; stopped early")
             break
@@ -242,16 +215,16 @@ def run_chunk(
 
 
 def run_job(job: tuple, progress: Callable[[Tally], None] | None = None) -> Tally:
-    """run_chunk with its arguments in a tuple (for a process pool), with the run's
+    """run_chunk with its arguments in a tuple (a worker's unit of work), with the run's
     rule files."""
-    fuzz_seed, chunk, size, targets, corpus_dir, max_steps, shrink_seconds, command, rules = job
+    fuzz_seed, chunk, size, targets, known, max_steps, shrink_seconds, command, rules = job
     oracle.use_rules(rules)
     return run_chunk(
         fuzz_seed,
         chunk,
         size,
         targets,
-        corpus_dir,
+        known,
         max_steps=max_steps,
         shrink_seconds=shrink_seconds,
         progress=progress,
@@ -334,15 +307,14 @@ def _shrink(
     return shrinker.best
 
 
-def _save(
-    corpus_dir: Path,
+def corpus_case(
     case: GraphCase,
     failure: _Failure,
     fuzz_seed: int,
     chunk: int,
     run: int,
     command: str,
-) -> Path | None:
+) -> corpus.Case:
     record = failure.record
     assert record.outcome is not None
     # Describe the minimized model's own failure (message, rules) for the sidecar.
@@ -377,7 +349,7 @@ def _save(
     }
     if oracle.rule_files():  # a user's rules: replayed with them
         data["rules"] = list(oracle.rule_files())
-    return corpus.save(corpus_dir, "graph", case.model.SerializeToString(), ".onnx", data)
+    return corpus.Case("graph", case.model.SerializeToString(), ".onnx", data)
 
 
 # -- replay ------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -926,7 +926,13 @@ class Tally:
     applied: int = 0
     without_line: int = 0
     failures: Counter = field(default_factory=Counter)
-    saved: list[str] = field(default_factory=list)
+    cases: list[corpus.Case] = field(default_factory=list)  # new failures, to save
+
+    def merge(self, other: Tally) -> None:
+        for name in ("passed", "failed", "errors", "valid", "applied", "without_line"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.failures.update(other.failures)
+        self.cases.extend(other.cases)
 
 
 def derive_seed(*parts: object) -> int:
@@ -934,26 +940,32 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
+# Mutants per job when a campaign is spread over workers (each mutant is seeded by its
+# index, so any cut gives the same mutants).
+CHUNK_SIZE = 25
+
+
 def run(
     iterations: int,
     fuzz_seed: int,
     timeout: float = DEFAULT_TIMEOUT,
-    corpus_dir: Path | None = None,
+    known: Collection[str] | None = None,
     apply: bool = True,
     shrink_seconds: float = 120.0,
     progress: Callable[[Tally], None] | None = None,
     command: str = "",
-    known: set[str] | None = None,
+    start: int = 0,
 ) -> Tally:
-    """``iterations`` mutants; new failures reduced and saved in ``corpus_dir`` (if any)."""
+    """Mutants ``start`` to ``start + iterations``; new failures (signature not in
+    ``known``, the corpus's) reduced and returned in ``Tally.cases``; with ``known``
+    None (no corpus) nothing is reduced."""
     seeds = seed_texts()
     tally = Tally()
-    if known is None:
-        known = corpus.known_signatures(corpus_dir, "rule") if corpus_dir is not None else set()
-    known = set(known)
+    reduce = known is not None
+    known = set(known or ())
     worker = Worker(apply)
     try:
-        for iteration in range(iterations):
+        for iteration in range(start, start + iterations):
             rng = random.Random(derive_seed("rules", fuzz_seed, iteration))
             text, mutations = Mutator(rng, seeds).mutant()
             result = worker.check(text, timeout)
@@ -969,14 +981,14 @@ def run(
                 tally.failed += 1
                 sig = signature(result)
                 tally.failures[sig] += 1
-                if sig not in known and corpus_dir is not None:
+                if reduce and sig not in known:
                     known.add(sig)
                     context = {"seed": fuzz_seed, "iteration": iteration, "mutations": mutations}
-                    saved = _reduce_and_save(
-                        worker, text, result, timeout, shrink_seconds, corpus_dir, context, command
+                    tally.cases.append(
+                        _reduced_case(
+                            worker, text, result, timeout, shrink_seconds, context, command
+                        )
                     )
-                    if saved is not None:
-                        tally.saved.append(str(saved))
             if progress is not None:
                 progress(tally)
     finally:
@@ -984,16 +996,31 @@ def run(
     return tally
 
 
-def _reduce_and_save(
+def run_job(job: tuple, progress: Callable[[Tally], None] | None = None) -> Tally:
+    """``run`` over one slice of a campaign's mutants (a worker's unit of work)."""
+    fuzz_seed, start, count, timeout, known, apply, shrink_seconds, command = job
+    return run(
+        count,
+        fuzz_seed,
+        timeout=timeout,
+        known=known,
+        apply=apply,
+        shrink_seconds=shrink_seconds,
+        progress=progress,
+        command=command,
+        start=start,
+    )
+
+
+def _reduced_case(
     worker: Worker,
     text: str,
     result: dict[str, Any],
     timeout: float,
     seconds: float,
-    corpus_dir: Path,
     context: dict[str, Any],
     command: str,
-) -> Path | None:
+) -> corpus.Case:
     sig = signature(result)
     reduced = _reduce(worker, text, sig, timeout, seconds)
     final = worker.check(reduced, timeout)
@@ -1010,7 +1037,7 @@ def _reduce_and_save(
             "message": final.get("message", ""),
         },
     }
-    return corpus.save(corpus_dir, "rule", reduced.encode(), ".yaml", data)
+    return corpus.Case("rule", reduced.encode(), ".yaml", data)
 
 
 def _reduce(worker: Worker, text: str, sig: str, timeout: float, seconds: float) -> str:

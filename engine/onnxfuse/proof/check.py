@@ -782,5 +782,17 @@ def _show_array(value: np.ndarray, limit: int = 8) -> str:
     return f"{array.dtype}{list(array.shape)} [{shown}{more}]"
 
 
+def run_job(job: tuple[Rule, dict]) -> RuleReport:
+    """check_rule for one rule and its options (a worker's unit of work: the rule and
+    the target travel with it, so a worker reads no file)."""
+    from onnxfuse.support.every_module import load_every_module
+
+    # The same modules loaded wherever the job runs: hypothesis draws some values from
+    # their constants (see load_every_module).
+    load_every_module()
+    rule, options = job
+    return check_rule(rule, **options)
+
+
 def check_rules(rules: Sequence[Rule], **options) -> list[RuleReport]:
     return [check_rule(rule, **options) for rule in rules]

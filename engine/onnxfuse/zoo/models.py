@@ -1,6 +1,6 @@
-"""The zoo's models: fetched from the packages that ship them, cached, with their feeds.
+"""A zoo manifest's models: fetched from the packages that ship them, cached, with feeds.
 
-    python tests/zoo/fetch.py [NAME ...]      # fetch (all by default) and print the paths
+    python -m onnxfuse.zoo.models MANIFEST [NAME ...]   # fetch (all by default), print paths
 
 A model is the file `member` of one archive: a wheel (`pip download --no-deps
 --only-binary :all: package==version`) or an npm tarball (`npm pack package@version`).
@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-MANIFEST = Path(__file__).resolve().with_name("manifest.yaml")
 CACHE_ENV = "ONNXFUSE_ZOO_CACHE"
 SEED = 0
 DTYPES = {
@@ -97,7 +96,7 @@ def _input(name: str, spec: dict) -> InputSpec:
     return InputSpec(name, tuple(spec["shape"]), spec["dtype"], low, high, spec.get("value"))
 
 
-def load_manifest(path: Path = MANIFEST) -> dict[str, ZooModel]:
+def load_manifest(path: Path) -> dict[str, ZooModel]:
     """Every model of the manifest, by name, in the manifest's order."""
     models: dict[str, ZooModel] = {}
     for entry in yaml.safe_load(path.read_text())["models"]:
@@ -208,11 +207,11 @@ def _extract(archive: Path, model: ZooModel, target: Path) -> None:
                 _copy(src, target)
         else:
             with tarfile.open(archive, "r:gz") as tf:
-                src = tf.extractfile(model.member)
-                if src is None:
+                member = tf.extractfile(model.member)
+                if member is None:
                     raise KeyError(model.member)
-                with src:
-                    _copy(src, target)
+                with member:
+                    _copy(member, target)
     except KeyError:
         raise FetchError(f"{model.source}: the archive has no {model.member}") from None
 
@@ -224,13 +223,19 @@ def _copy(src, target: Path) -> None:
 
 def make_feeds(model: ZooModel, seed: int = SEED) -> dict[str, np.ndarray]:
     """The model's inputs as the manifest describes them, the same on every run."""
+    return make_feeds_of(model.inputs, seed)
+
+
+def make_feeds_of(inputs: tuple[InputSpec, ...], seed: int = SEED) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in model.inputs:
+    feeds: dict[str, np.ndarray] = {}
+    for spec in inputs:
         dtype = DTYPES[spec.dtype]
         if spec.value is not None:
             feeds[spec.name] = np.full(spec.shape, spec.value, dtype=dtype)
-        elif np.issubdtype(dtype, np.integer):
+            continue
+        assert spec.low is not None and spec.high is not None  # _input: a range, else a value
+        if np.issubdtype(dtype, np.integer):
             drawn = rng.integers(int(spec.low), int(spec.high), size=spec.shape, endpoint=True)
             feeds[spec.name] = drawn.astype(dtype)
         else:
@@ -239,8 +244,11 @@ def make_feeds(model: ZooModel, seed: int = SEED) -> dict[str, np.ndarray]:
 
 
 def main(argv: list[str]) -> int:
-    manifest = load_manifest()
-    names = argv or list(manifest)
+    if not argv:
+        print("usage: python -m onnxfuse.zoo.models MANIFEST [NAME ...]", file=sys.stderr)
+        return 2
+    manifest = load_manifest(Path(argv[0]))
+    names = argv[1:] or list(manifest)
     unknown = [n for n in names if n not in manifest]
     if unknown:
         print(f"not in the manifest: {', '.join(unknown)}", file=sys.stderr)
