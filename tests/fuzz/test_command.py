@@ -103,3 +103,17 @@ def test_a_wrong_rule_of_yours_is_saved_and_replayed_with_its_file(tmp_path: Pat
     replayed = _onnxfuse_fuzz(tmp_path, "replay")
     assert replayed.stdout.splitlines()[-1] == "0 passed, 1 failed", replayed.stdout
     assert "mismatch" in replayed.stdout.splitlines()[0]
+
+
+def test_a_job_that_crashes_its_worker_is_a_failure_the_campaign_reports():
+    from onnxfuse.fuzz import each_rule
+    from onnxfuse.fuzz.command import _chunk_crashed, _exit_status, _rule_job_crashed
+
+    job = ("relu-relu", 0, 100, ("cpu", "onnx"), 7, False, "command", ())
+    coverage = _rule_job_crashed(job, "job 0 killed the process running it")
+    tally = each_rule.to_tally([coverage], ["cpu", "onnx"])
+    assert tally.failed == 1 and list(tally.failures) == ["crash:worker-died:relu-relu"]
+    chunk = _chunk_crashed((7, 3, 25, ("cpu",), None, 8, 0.0, "command", ()), "message")
+    assert chunk.failures == {"crash:worker-died": 1}
+    assert "graph chunk 3 of seed 7" in chunk.notes[0]
+    assert _exit_status(chunk.failures, set(), strict=False) == 1

@@ -3,6 +3,8 @@ Ray, `--ray` says how to get it (exit 2)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import pytest
@@ -30,6 +32,26 @@ def test_every_job_once_with_its_index_in_this_process_and_in_processes():
 def test_a_jobs_exception_reaches_the_caller_from_a_process():
     with pytest.raises(ValueError, match="negative job -1"):
         list(workers.run_jobs(square, [1, -1, 2], workers.Workers(jobs=2)))
+
+
+def crash_on_three(job: int) -> int:
+    if job == 3:  # as onnxruntime crashing on a generated model
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return job * job
+
+
+def test_a_job_that_kills_its_process_gives_its_crash_result_and_the_others_finish():
+    found = dict(
+        workers.run_jobs(
+            crash_on_three, range(7), workers.Workers(jobs=2), on_crash=lambda job, _: -job
+        )
+    )
+    assert found == {0: 0, 1: 1, 2: 4, 3: -3, 4: 16, 5: 25, 6: 36}
+
+
+def test_without_a_crash_result_the_crash_is_one_error_naming_the_job():
+    with pytest.raises(OnnxfuseError, match="job 3 killed the process running it"):
+        list(workers.run_jobs(crash_on_three, range(5), workers.Workers(jobs=2)))
 
 
 def test_jobs_below_one_is_bad_input():

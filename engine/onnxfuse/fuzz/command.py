@@ -228,7 +228,9 @@ def _graphs(args, parser, command: str, where: workers.Workers) -> int:
     run = graph_runner.run_job
     if where.in_process:
         run = functools.partial(graph_runner.run_job, progress=show)
-    for _, tally in workers.run_jobs(run, jobs, where, _hypothesis_files_elsewhere):
+    for _, tally in workers.run_jobs(
+        run, jobs, where, _hypothesis_files_elsewhere, on_crash=_chunk_crashed
+    ):
         _save_new(tally.cases, corpus_dir)
         total.merge(tally)
         progress.show(total.passed, total.failed, total.discarded, force=True)
@@ -273,7 +275,7 @@ def _each_rule(
     # In the order of the rules, whichever worker finishes first.
     found: dict[int, each_rule.RuleCoverage] = {}
     for index, result in workers.run_jobs(
-        each_rule.run_job, jobs, where, _hypothesis_files_elsewhere
+        each_rule.run_job, jobs, where, _hypothesis_files_elsewhere, on_crash=_rule_job_crashed
     ):
         found[index] = result
         _save_new(result.cases, corpus_dir)
@@ -288,6 +290,38 @@ def _each_rule(
     total = each_rule.to_tally(results, targets)
     print(f"{total.passed} passed, {total.failed} failed", flush=True)
     return _exit_status(total.failures, corpus.xfail_signatures(args.corpus, "graph"), args.strict)
+
+
+# A job that kills its worker process (onnxruntime crashing on a generated model) is one
+# failure with this signature; the campaign goes on, and the note says which job it was.
+CRASH_SIGNATURE = "crash:worker-died"
+
+
+def _chunk_crashed(job: tuple, message: str):
+    from onnxfuse.fuzz import graph_runner
+
+    seed, chunk, size = job[0], job[1], job[2]
+    tally = graph_runner.Tally(failed=1)
+    tally.failures[CRASH_SIGNATURE] += 1
+    tally.notes.append(f"graph chunk {chunk} of seed {seed} ({size} models): {message}")
+    return tally
+
+
+def _rule_job_crashed(job: tuple, message: str):
+    from onnxfuse.fuzz import each_rule
+
+    name, targets = job[0], job[3]
+    failure = f"{','.join(targets)}: {CRASH_SIGNATURE}:{name}: {message}"
+    return each_rule.RuleCoverage(rule=name, failed=1, failures=[failure])
+
+
+def _mutants_crashed(job: tuple, message: str):
+    from onnxfuse.fuzz import rules as rule_fuzzer
+
+    seed, start, size = job[0], job[1], job[2]
+    tally = rule_fuzzer.Tally(failed=1)
+    tally.failures[f"{CRASH_SIGNATURE} (mutants {start}-{start + size - 1} of seed {seed})"] += 1
+    return tally
 
 
 def _known(corpus_dir: Path | None, kind: str) -> list[str] | None:
@@ -375,7 +409,9 @@ def _rules(args, command: str, where: workers.Workers) -> int:
     run = rule_fuzzer.run_job
     if where.in_process:
         run = functools.partial(rule_fuzzer.run_job, progress=show)
-    for _, part in workers.run_jobs(run, jobs, where, _hypothesis_files_elsewhere):
+    for _, part in workers.run_jobs(
+        run, jobs, where, _hypothesis_files_elsewhere, on_crash=_mutants_crashed
+    ):
         _save_new(part.cases, corpus_dir)
         tally.merge(part)
         progress.show(tally.passed, tally.failed, 0, force=True)

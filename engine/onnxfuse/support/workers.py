@@ -92,6 +92,7 @@ def run_jobs(
     jobs: Iterable[J],
     workers: Workers,
     setup: Callable[[], None] | None = None,
+    on_crash: Callable[[J, str], R] | None = None,
 ) -> Iterator[tuple[int, R]]:
     """``(index, function(job))`` for every job, in the order they finish.
 
@@ -99,15 +100,21 @@ def run_jobs(
     once): a job built late sees what the results before it changed (the corpus).
     ``setup`` runs in every worker process before its jobs (on Ray, before every job: a
     task cannot tell which process it lands in; it must be cheap).
+
+    A job that kills the process running it (a crash in native code: onnxruntime on a
+    fuzzed model) gives ``on_crash(job, message)`` as its result, or raises
+    OnnxfuseError naming it; the other jobs go on. In local processes such a job is
+    found by running the jobs its crash interrupted again, each alone; on Ray, by the
+    task failing on every retry.
     """
     jobs = iter(jobs)
     if workers.in_process:
         for index, job in enumerate(jobs):
             yield index, function(job)
     elif workers.ray is None:
-        yield from _on_processes(function, jobs, workers.jobs or 1, setup)
+        yield from _on_processes(function, jobs, workers.jobs or 1, setup, on_crash)
     else:
-        yield from _on_ray(function, jobs, workers, setup)
+        yield from _on_ray(function, jobs, workers, setup, on_crash)
 
 
 def in_order(results: Iterable[tuple[int, R]]) -> Iterator[R]:
@@ -128,50 +135,88 @@ def _run_task(function, setup, job):
     return function(job)
 
 
-def _on_processes(function, jobs: Iterator, processes: int, setup) -> Iterator[tuple[int, Any]]:
+def _on_processes(
+    function, jobs: Iterator, processes: int, setup, on_crash
+) -> Iterator[tuple[int, Any]]:
     # Imported here: every command's parser imports this module.
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     # spawn, not fork: a forked onnxruntime or hypothesis state is not safe to reuse.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(processes, mp_context=context, initializer=setup) as pool:
-        pending: dict[Future, int] = {}
-        try:
-            for index, job in enumerate(jobs):
-                pending[pool.submit(function, job)] = index
-                if len(pending) >= 2 * processes:
+    numbered = enumerate(jobs)
+    while True:
+        with ProcessPoolExecutor(processes, mp_context=context, initializer=setup) as pool:
+            pending: dict[Future, tuple[int, Any]] = {}
+            try:
+                for index, job in numbered:
+                    pending[pool.submit(function, job)] = (index, job)
+                    if len(pending) >= 2 * processes:
+                        yield from _finished(pending)
+                while pending:
                     yield from _finished(pending)
-            while pending:
-                yield from _finished(pending)
-        finally:
-            for future in pending:
-                future.cancel()
+                return
+            except BrokenProcessPool:
+                # A worker died: every job it interrupted fails alike. Each is run again
+                # alone, and the one that kills its own process is the crash.
+                interrupted = sorted(pending.values(), key=lambda item: item[0])
+                pending.clear()
+            finally:
+                for future in pending:
+                    future.cancel()
+        for index, job in interrupted:
+            yield index, _alone(function, index, job, context, setup, on_crash)
 
 
-def _finished(pending: dict[Future, int]) -> Iterator[tuple[int, Any]]:
+def _alone(function, index: int, job, context, setup, on_crash) -> Any:
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(1, mp_context=context, initializer=setup) as pool:
+        try:
+            return pool.submit(function, job).result()
+        except BrokenProcessPool:
+            return _crashed(index, job, on_crash)
+
+
+def _crashed(index: int, job, on_crash) -> Any:
+    message = (
+        f"job {index} killed the process running it (a crash in native code, such as "
+        "onnxruntime's, or a kill)"
+    )
+    if on_crash is None:
+        raise OnnxfuseError(message)
+    return on_crash(job, message)
+
+
+def _finished(pending: dict[Future, tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
     from concurrent.futures import FIRST_COMPLETED, wait
 
     done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
     for future in done:
-        yield pending.pop(future), future.result()
+        result = future.result()  # a broken pool raises here: the job stays pending
+        index, _ = pending.pop(future)
+        yield index, result
 
 
-def _on_ray(function, jobs: Iterator, workers: Workers, setup) -> Iterator[tuple[int, Any]]:
+def _on_ray(
+    function, jobs: Iterator, workers: Workers, setup, on_crash
+) -> Iterator[tuple[int, Any]]:
     ray = ray_module()
     started = _connect(ray, workers)
-    pending: dict[Any, int] = {}
+    pending: dict[Any, tuple[int, Any]] = {}
     try:
         task = ray.remote(max_retries=RETRIES, retry_exceptions=False)(_run_task)
         # The function and setup go to the object store once, not with every task.
         function_ref, setup_ref = ray.put(function), ray.put(setup)
         ahead = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
         for index, job in enumerate(jobs):
-            pending[task.remote(function_ref, setup_ref, job)] = index
+            pending[task.remote(function_ref, setup_ref, job)] = (index, job)
             if len(pending) >= ahead:
-                yield from _ray_finished(ray, pending)
+                yield from _ray_finished(ray, pending, on_crash)
         while pending:
-            yield from _ray_finished(ray, pending)
+            yield from _ray_finished(ray, pending, on_crash)
     finally:
         for ref in pending:  # stopped early (an error, ^C): the cluster drops the rest
             ray.cancel(ref, force=True)
@@ -179,15 +224,19 @@ def _on_ray(function, jobs: Iterator, workers: Workers, setup) -> Iterator[tuple
             ray.shutdown()
 
 
-def _ray_finished(ray, pending: dict[Any, int]) -> Iterator[tuple[int, Any]]:
+def _ray_finished(
+    ray, pending: dict[Any, tuple[int, Any]], on_crash
+) -> Iterator[tuple[int, Any]]:
     done, _ = ray.wait(list(pending), num_returns=1)
     for ref in done:
-        index = pending.pop(ref)
+        index, job = pending.pop(ref)
         try:
             result = ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
             # The job's own exception, as it would be raised in this process.
             raise exc.as_instanceof_cause() from None
+        except ray.exceptions.WorkerCrashedError:  # on every retry: the job is the cause
+            result = _crashed(index, job, on_crash)
         yield index, result
 
 
