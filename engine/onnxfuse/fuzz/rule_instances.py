@@ -149,10 +149,17 @@ _FEEDABLE = frozenset(DTYPES) - {"bfloat16"}
 
 
 def _runs_in_onnxruntime(model: onnx.ModelProto) -> bool:
+    """Whether onnxruntime loads the instance, at ORT_DISABLE_ALL as the oracle runs it:
+    its ALL level crashes the process on some valid models (onnxruntime 1.32: a
+    Transpose, a Cast to double and a MatMul broadcasting a rank-5 constant)."""
     import onnxruntime
 
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        onnxruntime.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
     except Exception:  # onnxruntime raises several types for models it cannot run
         return False
     return True

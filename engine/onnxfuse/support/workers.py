@@ -224,9 +224,7 @@ def _on_ray(
             ray.shutdown()
 
 
-def _ray_finished(
-    ray, pending: dict[Any, tuple[int, Any]], on_crash
-) -> Iterator[tuple[int, Any]]:
+def _ray_finished(ray, pending: dict[Any, tuple[int, Any]], on_crash) -> Iterator[tuple[int, Any]]:
     done, _ = ray.wait(list(pending), num_returns=1)
     for ref in done:
         index, job = pending.pop(ref)
