@@ -132,7 +132,9 @@ def test_nchwc_pack_runs_in_the_layout_phase():
 
 def test_manifest_rejects_an_unknown_phase(tmp_path):
     (tmp_path / "pack.yaml").write_text("phase: late\n")
-    with pytest.raises(RuleError, match="'phase' must be one of fusion, layout"):
+    with pytest.raises(
+        RuleError, match="'phase' must be one of fusion, packing, layout, got 'late'"
+    ):
         read_manifest(tmp_path)
 
 
