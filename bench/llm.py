@@ -56,6 +56,7 @@ import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from environment import environment as environment_record  # noqa: E402
 from exports.anchors import compare, count_nodes, quiet, round_robin, worst_error  # noqa: E402
+from fusion_speed import session  # noqa: E402
 from quantized import write_section  # noqa: E402
 
 EXPORTERS = (("dynamo", 18), ("legacy", 17))
@@ -163,15 +164,6 @@ def step_feeds(spec, seq: int, past: int) -> dict[str, np.ndarray]:
     inputs["attention_mask"][:] = 1
     inputs["position_ids"] = inputs["attention_mask"].cumsum(-1)[:, past:] - 1
     return {k: v.numpy() for k, v in inputs.items()}
-
-
-def session(path: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 4
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _taken(sess: ort.InferenceSession, feeds: dict) -> dict:

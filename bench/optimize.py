@@ -41,21 +41,11 @@ import onnxscript.optimizer
 from onnx import helper
 
 from onnxfuse import api
+from onnxfuse.zoo.peers import count_nodes
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 TOOLS = ("onnxfuse", "onnxscript", "ort-basic", "ort-ext")
 RTOL, ATOL = 1.3e-6, 1e-5  # float32, as the tests use
-
-
-def count_nodes(graph: onnx.GraphProto) -> int:
-    total = len(graph.node)
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                total += count_nodes(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                total += sum(count_nodes(g) for g in attribute.graphs)
-    return total
 
 
 def node_count(path: Path) -> int:
