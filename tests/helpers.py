@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import threading
@@ -285,3 +286,29 @@ def kill_a_busy_worker(killed: list[int], seconds: float = 60.0) -> threading.Th
     thread = threading.Thread(target=hunt, daemon=True)
     thread.start()
     return thread
+
+
+def fuzz_summary(result) -> tuple[int, int]:
+    """The ``N passed, M failed`` a fuzz command ends with (its last stdout line)."""
+    last = result.stdout.rstrip("\n").splitlines()[-1]
+    match = re.fullmatch(r"(\d+) passed, (\d+) failed", last)
+    assert match, f"last line is {last!r}: {result.stderr[-2000:]}"
+    return int(match.group(1)), int(match.group(2))
+
+
+# A rule as a new user writes it: no rank guard, the replacement a new node. On a C of
+# shape [1, 1] it would hand X's shape on where Mul broadcasts X[N] to [1, N].
+MUL_ONE_RULE = """
+rules:
+  - name: my-mul-one
+    source: |
+      f (X, C) => (Y) {
+        Y = Mul(X, C)
+      }
+    where:
+      - is_constant(C) and all_equal(C, 1.0)
+    replacement: |
+      f (X, C) => (Y) {
+        Y = Identity(X)
+      }
+"""

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-from helpers import NEARLY_RIGHT, mish_rule
+from helpers import NEARLY_RIGHT, fuzz_summary, mish_rule
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
 
@@ -30,19 +29,12 @@ def _onnxfuse_fuzz(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def _summary(result: subprocess.CompletedProcess) -> tuple[int, int]:
-    last = result.stdout.rstrip("\n").splitlines()[-1]
-    match = re.fullmatch(r"(\d+) passed, (\d+) failed", last)
-    assert match, f"last line is {last!r}: {result.stderr[-2000:]}"
-    return int(match.group(1)), int(match.group(2))
-
-
 def test_graphs_with_a_users_rules_run_outside_the_repository(tmp_path: Path):
     (tmp_path / "mine.yaml").write_text(MISH)
     result = _onnxfuse_fuzz(
         tmp_path, "graphs", "--iterations", "5", "--seed", "1", "--rules", "mine.yaml"
     )
-    assert _summary(result) == (5, 0), result.stderr[-3000:]
+    assert fuzz_summary(result) == (5, 0), result.stderr[-3000:]
     assert result.returncode == 0
     assert "[graphs cpu,onnx] 5/5" in result.stderr  # the progress line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]  # nothing left
@@ -62,7 +54,7 @@ def test_each_rule_embeds_a_users_rule(tmp_path: Path):
         "--target",
         "cpu",
     )
-    assert _summary(result) == (2, 0), result.stderr[-3000:]
+    assert fuzz_summary(result) == (2, 0), result.stderr[-3000:]
     assert "1 rules: 1 fired" in result.stderr, result.stderr[-3000:]
 
 
@@ -75,7 +67,7 @@ def test_a_bad_rule_file_is_one_line_and_exit_2(tmp_path: Path):
 
 def test_rules_mutates_the_installed_packs(tmp_path: Path):
     result = _onnxfuse_fuzz(tmp_path, "rules", "--iterations", "5", "--seed", "0", "--no-save")
-    assert _summary(result) == (5, 0), result.stderr[-3000:]
+    assert fuzz_summary(result) == (5, 0), result.stderr[-3000:]
     assert not (tmp_path / "fuzz-corpus").exists()
     assert not (tmp_path / ".hypothesis").exists()
 
@@ -94,7 +86,7 @@ def test_a_wrong_rule_of_yours_is_saved_and_replayed_with_its_file(tmp_path: Pat
         "--target",
         "cpu",
     )
-    _, failed = _summary(found)
+    _, failed = fuzz_summary(found)
     assert failed >= 1 and found.returncode == 1, found.stderr[-3000:]
     (sidecar,) = (tmp_path / "fuzz-corpus").glob("*.json")
     data = json.loads(sidecar.read_text())

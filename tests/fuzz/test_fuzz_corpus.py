@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import fuzz_summary
 
 from onnxfuse.fuzz import corpus, graph_runner
 from onnxfuse.fuzz import rules as rule_fuzzer
@@ -76,17 +77,10 @@ def _fuzz(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def _summary(result: subprocess.CompletedProcess) -> tuple[int, int]:
-    last = result.stdout.rstrip("\n").splitlines()[-1]
-    match = re.fullmatch(r"(\d+) passed, (\d+) failed", last)
-    assert match, f"last line is {last!r}"
-    return int(match.group(1)), int(match.group(2))
-
-
 def test_graph_fuzz_smoke() -> None:
     """20 models for every target: no failure the corpus does not know as an open bug."""
     result = _fuzz("graphs", "--iterations", "20", "--seed", "0", "--no-save")
-    passed, failed = _summary(result)
+    passed, failed = fuzz_summary(result)
     assert passed + failed == 20
     assert result.returncode == 0, result.stderr[-3000:]
     discarded = int(re.search(r"discarded (\d+) generated models", result.stderr).group(1))
@@ -96,7 +90,7 @@ def test_graph_fuzz_smoke() -> None:
 def test_rule_fuzz_smoke() -> None:
     """50 rule mutants: each a clear error or a valid rule (known open bugs aside)."""
     result = _fuzz("rules", "--iterations", "50", "--seed", "0", "--no-save")
-    passed, failed = _summary(result)
+    passed, failed = fuzz_summary(result)
     assert passed + failed == 50
     assert result.returncode == 0, result.stderr[-3000:]
 

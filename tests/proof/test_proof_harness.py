@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from helpers import relu_relu_rule, rules_from_text
+from helpers import MUL_ONE_RULE, relu_relu_rule, rules_from_text
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -429,24 +429,15 @@ def test_an_unguarded_rule_that_changes_a_shape_fails_with_a_counterexample():
     # Without rank(C) <= rank(X), a C of shape [1, 1] broadcasts X[N] to [1, N]: the
     # rewrite would hand X's shape on. Drawn only with C at another rank than [1],
     # and only caught when the engine's block counts as the rule's failure.
-    text = """\
-rules:
-  - name: my-mul-one
-    source: |
-      f (X, C) => (Y) {
-        Y = Mul(X, C)
-      }
-    where:
-      - is_constant(C) and all_equal(C, 1.0)
-    replacement: |
-      f (X, C) => (Y) {
-        Y = Identity(X)
-      }
+    text = (
+        MUL_ONE_RULE.lstrip("\n")
+        + """\
     verify:
       dtypes: [float]
       dims: {D: {rank: 1..2, each: 1..4}}
       inputs: {X: [D], C: {shape: [1], value: 1.0}}
 """
+    )
     rule = rules_from_text(text)[0]
     report = check_rule(rule, examples=50, shrink_seconds=5)
     assert report.failure is not None, report.summary()

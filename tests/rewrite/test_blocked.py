@@ -13,6 +13,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 from helpers import (
+    MUL_ONE_RULE,
     assert_same_outputs,
     make_model,
     optimize_proto,
@@ -140,23 +141,6 @@ def test_a_match_the_target_or_a_kept_value_refuses_is_counted_blocked(
     assert f"blocked: fused-conv-relu (1x): {reason}" in out, out
 
 
-# A rule as a new user writes it: no rank guard, and the replacement is a new node.
-MY_MUL_ONE = """
-rules:
-  - name: my-mul-one
-    source: |
-      f (X, C) => (Y) {
-        Y = Mul(X, C)
-      }
-    where:
-      - is_constant(C) and all_equal(C, 1.0)
-    replacement: |
-      f (X, C) => (Y) {
-        Y = Identity(X)
-      }
-"""
-
-
 def _mul_one_then_relus() -> onnx.ModelProto:
     """``Mul(x[8], one[1, 1])``: the 1 broadcasts x to [1, 8]; two Relus after it."""
     one = numpy_helper.from_array(np.ones((1, 1), np.float32), "one")
@@ -170,7 +154,7 @@ def _mul_one_then_relus() -> onnx.ModelProto:
 
 def _rule_files(tmp_path: Path) -> list[Path]:
     mul_one, relu_relu = tmp_path / "mulone.yaml", tmp_path / "relu.yaml"
-    mul_one.write_text(MY_MUL_ONE)
+    mul_one.write_text(MUL_ONE_RULE)
     relu_relu.write_text(relu_relu_rule("relu-relu"))
     return [mul_one, relu_relu]
 
@@ -192,7 +176,7 @@ def test_a_created_node_of_another_shape_is_blocked_and_the_other_rules_go_on(tm
 
 def test_a_blocked_rewrite_leaves_no_use_behind():
     model = ir.from_proto(_mul_one_then_relus())
-    onnxfuse.optimize(model, target=None, rules=rules_from_text(MY_MUL_ONE), builtin=False)
+    onnxfuse.optimize(model, target=None, rules=rules_from_text(MUL_ONE_RULE), builtin=False)
     x = model.graph.inputs[0]
     assert [use.node.op_type for use in x.uses()] == ["Mul"]
 
