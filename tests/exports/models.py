@@ -18,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is ever do
 import torch
 from torch import nn
 
+from onnxfuse.zoo.models import Transformer
+
 SEQ = 8
 BATCH = 2
 IMAGE = 32
@@ -39,6 +41,13 @@ class ModelSpec:
     dynamic: dict[str, dict[int, str]] = field(default_factory=dict)
     # the exporters ("legacy", "dynamo") that can export it; None: every one
     exporters: tuple[str, ...] | None = None
+
+    @property
+    def transformer(self) -> Transformer | None:
+        """What onnxruntime's transformers optimizer is told (None: not a transformer)."""
+        if self.ort_model_type is None:
+            return None
+        return Transformer(self.ort_model_type, self.num_heads, self.hidden_size)
 
 
 @dataclass

@@ -98,7 +98,10 @@ def measured(rules, tmp_path_factory):
             spec, exporter, opset = ALL[name]
             export = get_export(spec, exporter, opset)
             workdir = tmp_path_factory.mktemp(name)
-            cache[name] = (export, compare(export.path, workdir, spec, export.feeds, rules))
+            cache[name] = (
+                export,
+                compare(export.path, workdir, spec.transformer, export.feeds, rules),
+            )
         return cache[name]
 
     return get
