@@ -1,4 +1,4 @@
-"""onnxfuse beside onnxruntime's, onnxscript's and onnxslim's optimizers, model by model, in one run.
+"""onnxfuse beside onnxruntime's, onnxscript's and onnxslim's optimizers, model by model.
 
     python bench/parity.py [--exports ci|all|none] [--only NAME ...] [--runs N] [--no-peer]
                            [--markdown [FILE]] [--jobs N | --ray [ADDRESS]]
@@ -6,16 +6,16 @@
 
 Two model sets:
 
-- the torch/transformers exports of tests/exports (BERT, GPT-2, ViT, T5, Llama, small CNNs;
-  legacy exporter at opsets 14/17, dynamo at 18/20; cached in ~/.cache/onnxfuse-exports).
-  They run through `onnxfuse zoo`'s runner (onnxfuse.zoo.run): the run writes them as a zoo
-  manifest, `parity.yaml` in the export cache (each file, its stored inputs, what
-  onnxruntime's transformers optimizer is told of it), and
-  `onnxfuse zoo <that file> --every-pack --every-fusion --peers
-  ort,ort-transformers,onnxscript,onnxslim`
-  runs the same jobs. Every tool runs on each (onnxfuse.zoo.peers): node count of its
-  result, whether the result runs in onnxruntime and computes the original's outputs
-  (within 1e-4 relative), and the latency of each valid result under onnxruntime with graph
+- the torch/transformers exports of tests/exports (BERT and its family, GPT-2, ViT, Swin,
+  T5, Llama, Whisper, wav2vec2, small CNNs...; legacy exporter at opsets 14/17, dynamo at
+  18/20; cached in ~/.cache/onnxfuse-exports). They run through `onnxfuse zoo`'s runner
+  (onnxfuse.zoo.run): the run writes them as a zoo manifest in the export cache,
+  `parity-all.yaml` (`-ci`, `-only` for those selections: each file, its stored inputs,
+  what onnxruntime's transformers optimizer is told of it), and `onnxfuse zoo <that file>
+  --every-pack --every-fusion --peers ort,ort-transformers,onnxscript,onnxslim` runs the
+  same jobs. Every tool runs on each (onnxfuse.zoo.peers): node count of its result,
+  whether the result runs in onnxruntime and computes the original's outputs (within 1e-4
+  relative), and the latency of each valid result under onnxruntime with graph
   optimizations disabled: median of N runs, the models' runs alternating, same process,
   one thread. `--jobs N` or `--ray` spread the exports over workers (for node counts;
   latency is best measured with one job).
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -98,8 +99,11 @@ def export_manifest(names: list[str] | None, which: str) -> Path:
                 "hidden_size": transformer.hidden_size,
             }
         entries.append(entry)
-    manifest = cache_dir() / "parity.yaml"
-    manifest.write_text(yaml.safe_dump({"models": entries}, sort_keys=False))
+    # One manifest per selection, written whole: runs of other selections keep theirs.
+    manifest = cache_dir() / f"parity-{'only' if names else which}.yaml"
+    partial = manifest.with_suffix(".partial")
+    partial.write_text(yaml.safe_dump({"models": entries}, sort_keys=False))
+    os.replace(partial, manifest)
     return manifest
 
 
@@ -148,7 +152,8 @@ def peer_rows(rules) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.onnx"
             try:
-                optimize_file(path, out, rules, Options(target=target))
+                # As the test compares: also the fusions a profile gates on this CPU.
+                optimize_file(path, out, rules, Options(target=target, gate_by_profile=False))
                 row["ours"] = op_histogram(onnx.load(out).graph)
                 row["failed"] = parity_failures(
                     entry["model"], entry["ops_before"], ort_ops, row["ours"]
