@@ -215,7 +215,13 @@ def family_models(spec, exporters, int4: bool, work: Path) -> list[Model]:
         folder = work / f"{family}-{source}"
         folder.mkdir()
         results = compare(
-            export.path, folder, spec, export.feeds, select_rules(target="cpu"), PEERS, ("cpu",)
+            export.path,
+            folder,
+            spec.transformer,
+            export.feeds,
+            select_rules(target="cpu"),
+            PEERS,
+            ("cpu",),
         )
         for tool, result in results.items():
             name = "onnxfuse" if tool == "onnxfuse-cpu" else tool

@@ -1,23 +1,29 @@
-"""onnxfuse beside onnxruntime's and onnxscript's optimizers, model by model, in one run.
+"""onnxfuse beside onnxruntime's, onnxscript's and onnxslim's optimizers, model by model.
 
     python bench/parity.py [--exports ci|all|none] [--only NAME ...] [--runs N] [--no-peer]
-                           [--markdown [FILE]]
+                           [--markdown [FILE]] [--jobs N | --ray [ADDRESS]]
     python bench/parity.py --peer-only [--markdown [FILE]]
 
 Two model sets:
 
-- the torch/transformers exports of tests/exports (BERT, GPT-2, ViT, T5, Llama, small CNNs;
-  legacy exporter at opsets 14/17, dynamo at 18/20; cached in ~/.cache/onnxfuse-exports).
-  Every tool runs on each (see tests/exports/anchors.py): node count of its result, whether
-  the result runs in onnxruntime and computes the original's outputs (within 1e-4
+- the torch/transformers exports of tests/exports (BERT and its family, GPT-2, ViT, Swin,
+  T5, Llama, Whisper, wav2vec2, small CNNs...; legacy exporter at opsets 14/17, dynamo at
+  18/20; cached in ~/.cache/onnxfuse-exports). They run through `onnxfuse zoo`'s runner
+  (onnxfuse.zoo.run): the run writes them as a zoo manifest in the export cache,
+  `parity-all.yaml` (`-ci`, `-only` for those selections: each file, its stored inputs,
+  what onnxruntime's transformers optimizer is told of it), and `onnxfuse zoo <that file>
+  --every-pack --every-fusion --peers ort,ort-transformers,onnxscript,onnxslim` runs the
+  same jobs. Every tool runs on each (onnxfuse.zoo.peers): node count of its result,
+  whether the result runs in onnxruntime and computes the original's outputs (within 1e-4
   relative), and the latency of each valid result under onnxruntime with graph
   optimizations disabled: median of N runs, the models' runs alternating, same process,
-  one thread.
+  one thread. `--jobs N` or `--ray` spread the exports over workers (for node counts;
+  latency is best measured with one job).
 - the peer models of tests/data/ort-fusion (onnxruntime's own fusion test models):
   onnxfuse's and onnxscript's node counts beside onnxruntime's (from manifest.json,
   ORT_ENABLE_EXTENDED), the ops onnxruntime creates that onnxfuse's result lacks, and
   whether onnxfuse meets the parity criterion of tests/peer_parity.py (which
-  tests/models/test_peer_models.py asserts).
+  tests/models/test_peer_models.py asserts). These only count ops: nothing is run.
 
 `--markdown` writes the tables to docs/parity.md (or FILE) with the command and date on top.
 `--peer-only` runs only the peer models and, with `--markdown`, replaces only the peer
@@ -29,80 +35,98 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import onnxscript  # noqa: E402
-from exports.anchors import (  # noqa: E402
-    ANCHORS,
-    TOOLS,
-    Result,
-    best_anchor,
-    compare,
-    count_nodes,
-    latency_ms,
-    op_histogram,
-    quiet,
-)
+import yaml  # noqa: E402
+from exports.anchors import op_histogram, quiet  # noqa: E402
 from peer_parity import KNOWN_GAPS, parity_failures  # noqa: E402
 
 from onnxfuse.api import optimize_file, select_rules  # noqa: E402
 from onnxfuse.errors import OnnxfuseError  # noqa: E402
 from onnxfuse.passes.pipeline import Options  # noqa: E402
+from onnxfuse.support import workers  # noqa: E402
 from onnxfuse.targets.capabilities import load_target  # noqa: E402
-from onnxfuse.zoo.table import short_reason  # noqa: E402
+from onnxfuse.zoo import table  # noqa: E402
+from onnxfuse.zoo.run import Settings, jobs_of, run_job  # noqa: E402
+from onnxfuse.zoo.table import SHORT, best_peer, short_reason  # noqa: E402
 
 PEER_DIR = ROOT / "tests" / "data" / "ort-fusion"
-SHORT = {
-    "onnxfuse": "onnxfuse",
-    "ort-extended": "ORT ext",
-    "ort-transformers": "ORT transformers",
-    "onnxscript": "onnxscript",
-    "onnxslim": "onnxslim",
-}
+ANCHORS = ("ort-extended", "ort-transformers", "onnxscript", "onnxslim")
+TOOLS = ("onnxfuse", *ANCHORS)
 
 
-def export_rows(names: list[str] | None, which: str, runs: int, rules) -> list[dict]:
-    from exports.export import EXPORTERS, export_name, get_export
-    from exports.models import MODELS
+def export_manifest(names: list[str] | None, which: str) -> Path:
+    """The run's exports (made now where not cached) as a zoo manifest in the export cache."""
+    from exports.export import ALL_EXPORTS, cache_dir, get_export
 
     try:
-        from test_exports import CI_EXPORTS, KNOWN_GAPS
+        from test_exports import CI_EXPORTS
     except Exception:  # the test module skips itself without torch; the bench then cannot run
-        CI_EXPORTS, KNOWN_GAPS = (), {}
+        CI_EXPORTS = ()
+    entries = []
+    for name, (spec, exporter, opset) in ALL_EXPORTS.items():
+        if names and name not in names and spec.name not in names:
+            continue
+        if not names and which == "ci" and name not in CI_EXPORTS:
+            continue
+        print(f"  {name}", file=sys.stderr, flush=True)
+        export = get_export(spec, exporter, opset)
+        feeds = export.path.with_suffix(".feeds.npz")
+        if not feeds.exists():
+            np.savez(feeds, **export.feeds)
+        entry: dict[str, Any] = {
+            "name": name,
+            "file": export.path.name,
+            "feeds": feeds.name,
+            "description": f"{spec.name}, {exporter} exporter, opset {opset}",
+        }
+        if (transformer := spec.transformer) is not None:
+            entry["transformer"] = {
+                "model_type": transformer.ort_model_type,
+                "num_heads": transformer.num_heads,
+                "hidden_size": transformer.hidden_size,
+            }
+        entries.append(entry)
+    # One manifest per selection, written whole: runs of other selections keep theirs.
+    manifest = cache_dir() / f"parity-{'only' if names else which}.yaml"
+    partial = manifest.with_suffix(".partial")
+    partial.write_text(yaml.safe_dump({"models": entries}, sort_keys=False))
+    os.replace(partial, manifest)
+    return manifest
+
+
+def export_rows(
+    names: list[str] | None, which: str, runs: int, run_on: workers.Workers
+) -> list[dict]:
+    """A zoo row per export (onnxfuse.zoo.run), with the test's known gap."""
+    try:
+        from test_exports import KNOWN_GAPS as EXPORT_GAPS
+    except Exception:
+        EXPORT_GAPS = {}
+    manifest = export_manifest(names, which)
+    print(f"manifest: {manifest}", file=sys.stderr)
+    # As tests/models/test_exports.py compares: every pack, every fusion, beside the anchors.
+    settings = Settings(
+        target="cpu", every_pack=True, every_fusion=True, peers=ANCHORS, latency_runs=runs
+    )
     rows = []
-    for spec in MODELS:
-        for exporter, opset in EXPORTERS:
-            name = export_name(spec, exporter, opset)
-            if names and name not in names and spec.name not in names:
-                continue
-            if not names and which == "ci" and name not in CI_EXPORTS:
-                continue
-            print(f"  {name}", file=sys.stderr, flush=True)
-            export = get_export(spec, exporter, opset)
-            with tempfile.TemporaryDirectory() as tmp:
-                results = compare(export.path, Path(tmp), spec, export.feeds, rules)
-                paths = {"original": export.path}
-                paths |= {t: r.path for t, r in results.items() if r.valid and r.path}
-                with quiet():
-                    latency = latency_ms(paths, export.feeds, runs)
-            original = count_nodes(onnx.load(export.path, load_external_data=False).graph)
-            rows.append(
-                {
-                    "name": name,
-                    "original": original,
-                    "results": results,
-                    "latency": latency,
-                    "known_gap": KNOWN_GAPS.get(name),
-                }
-            )
+    for row in workers.in_order(workers.run_jobs(run_job, jobs_of(manifest, settings), run_on)):
+        if "error" in row:  # the original itself does not run: nothing to compare
+            raise SystemExit(f"{row['model']}: {row['error']}")
+        row["known_gap"] = EXPORT_GAPS.get(row["model"])
+        rows.append(row)
     return rows
 
 
@@ -128,7 +152,8 @@ def peer_rows(rules) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "out.onnx"
             try:
-                optimize_file(path, out, rules, Options(target=target))
+                # As the test compares: also the fusions a profile gates on this CPU.
+                optimize_file(path, out, rules, Options(target=target, gate_by_profile=False))
                 row["ours"] = op_histogram(onnx.load(out).graph)
                 row["failed"] = parity_failures(
                     entry["model"], entry["ops_before"], ort_ops, row["ours"]
@@ -150,35 +175,31 @@ def peer_rows(rules) -> list[dict]:
     return rows
 
 
-def _nodes(result: Result) -> str:
-    if result.nodes is None:
-        return "n/a" if result.error and result.error.startswith("n/a") else "fails"
-    return str(result.nodes) if result.valid else f"{result.nodes} ✗"
-
-
 def export_table(rows: list[dict]) -> list[str]:
     head = ["export", "original"] + [SHORT[t] for t in TOOLS] + ["best anchor", "parity"]
     head += [f"ms {SHORT.get(t, t)}" for t in ("original", *TOOLS)]
     head += ["best anchor's ops onnxfuse lacks"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        results = row["results"]
-        best = best_anchor(results)
+        results = row["tools"]
+        best = best_peer(row, list(ANCHORS))
         ours = results["onnxfuse"]
-        if not ours.valid:
+        if not ours["valid"]:
             verdict = "onnxfuse invalid"
         elif best is None:
             verdict = "no valid anchor"
         else:
-            diff = ours.nodes - best.nodes
+            diff = ours["nodes"] - results[best]["nodes"]
             verdict = "yes" if diff <= 0 else f"+{diff}"
-        cells = [row["name"], str(row["original"])]
-        cells += [_nodes(results[t]) for t in TOOLS]
-        cells += [f"{SHORT[best.tool]} {best.nodes}" if best else "-", verdict]
+        cells = [row["model"], str(row["nodes"])]
+        cells += [table.node_cell(results[t]) for t in TOOLS]
+        cells += [f"{SHORT[best]} {results[best]['nodes']}" if best else "-", verdict]
+        latency = row.get("latency", {})
         for tool in ("original", *TOOLS):
-            value = row["latency"].get(tool)
-            cells.append(f"{value:.3f}" if value is not None else "-")
-        lacks = sorted(k for k in best.ops if k not in ours.ops) if best and ours.valid else []
+            cells.append(f"{latency[tool]:.3f}" if tool in latency else "-")
+        lacks = []
+        if best and ours["valid"]:
+            lacks = sorted(k for k in results[best]["all_ops"] if k not in ours["all_ops"])
         cells.append(", ".join(lacks))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -187,9 +208,9 @@ def export_table(rows: list[dict]) -> list[str]:
 def export_notes(rows: list[dict]) -> list[str]:
     notes = []
     for row in rows:
-        for tool, result in row["results"].items():
-            if result.error and not result.error.startswith("n/a"):
-                notes.append(f"- {row['name']}, {SHORT[tool]}: {short_reason(result.error)}")
+        for tool, result in row["tools"].items():
+            if result["error"] and not table.not_applicable(result):
+                notes.append(f"- {row['model']}, {SHORT[tool]}: {short_reason(result['error'])}")
     return notes
 
 
@@ -198,7 +219,7 @@ def gap_notes(rows: list[dict]) -> list[str]:
     by_reason: dict[str, list[str]] = {}
     for row in rows:
         if row["known_gap"]:
-            by_reason.setdefault(row["known_gap"], []).append(row["name"])
+            by_reason.setdefault(row["known_gap"], []).append(row["model"])
     return [f"- {', '.join(names)}: {reason}" for reason, names in by_reason.items()]
 
 
@@ -242,31 +263,21 @@ def peer_table(rows: list[dict]) -> list[str]:
 def summary(export: list[dict], peer: list[dict]) -> list[str]:
     lines = []
     if export:
-        at = sum(
-            1
-            for r in export
-            if r["results"]["onnxfuse"].valid
-            and (b := best_anchor(r["results"])) is not None
-            and r["results"]["onnxfuse"].nodes <= b.nodes
-        )
-        beat = {
-            t: sum(
-                1
-                for r in export
-                if r["results"]["onnxfuse"].valid
-                and r["results"][t].valid
-                and r["results"]["onnxfuse"].nodes <= r["results"][t].nodes
-            )
-            for t in ANCHORS
-        }
-        valid = {t: sum(1 for r in export if r["results"][t].valid) for t in ANCHORS}
+
+        def at_or_below(row: dict, tool: str | None) -> bool:
+            ours, results = row["tools"]["onnxfuse"], row["tools"]
+            return bool(tool and ours["valid"] and ours["nodes"] <= results[tool]["nodes"])
+
+        at = sum(at_or_below(r, best_peer(r, list(ANCHORS))) for r in export)
         lines.append(
             f"- Exports: onnxfuse at or below the best anchor's node count on {at} "
             f"of {len(export)}."
         )
         for t in ANCHORS:
+            valid = [r for r in export if r["tools"][t]["valid"]]
+            beat = sum(at_or_below(r, t) for r in valid)
             lines.append(
-                f"  - vs {SHORT[t]}: at or below on {beat[t]} of the {valid[t]} exports where "
+                f"  - vs {SHORT[t]}: at or below on {beat} of the {len(valid)} exports where "
                 "its result is valid."
             )
     if peer:
@@ -353,7 +364,7 @@ def markdown(command: str, export: list[dict], peer: list[dict], runs: int) -> s
     except ImportError:
         pass
     out = [
-        "# Parity: onnxfuse beside onnxruntime and onnxscript",
+        "# Parity: onnxfuse beside onnxruntime, onnxscript and onnxslim",
         "",
         f"Generated by `{command}` on {now} ({platform.machine()}, {versions}).",
         "Regenerate with the same command; the tables below are that run's output.",
@@ -404,7 +415,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the peer models; --markdown then replaces only their part of the file",
     )
+    workers.add_arguments(parser, jobs_help="exports at once, in worker processes")
     args = parser.parse_args(argv)
+    try:
+        run_on = workers.from_arguments(args)
+    except OnnxfuseError as exc:
+        raise SystemExit(str(exc)) from None
     rules = select_rules()
     command = "python bench/parity.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.peer_only:
@@ -419,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     export: list[dict] = []
     if args.exports != "none" or args.only:
         print("exports:", file=sys.stderr)
-        export = export_rows(args.only, args.exports, args.runs, rules)
+        export = export_rows(args.only, args.exports, args.runs, run_on)
     peer = [] if args.no_peer or args.only else peer_rows(rules)
     text = markdown(command.strip(), export, peer, args.runs)
     print(text)

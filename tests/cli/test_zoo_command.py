@@ -95,3 +95,34 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     assert main([a.format(models=models) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("onnxfuse: error: ") and message in err[0]
+
+
+def test_a_manifest_of_local_files_feeds_stored_inputs_and_times_every_result(tmp_path, capsys):
+    """bench/parity.py's form: local files, stored inputs, the ort-transformers peer only
+    where the entry says what the model is (else `n/a`, no failure)."""
+    import numpy as np
+    import yaml
+
+    models = five_models(tmp_path / "models")
+    name = "gemm_transpose_2inputs_transposed"
+    model = onnx.load(models / f"{name}.onnx")
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for value in model.graph.input:
+        shape = [d.dim_value or 2 for d in value.type.tensor_type.shape.dim]
+        feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+    np.savez(models / "gemm.npz", **feeds)
+    entry = {"name": "gemm", "file": f"{name}.onnx", "feeds": "gemm.npz"}
+    manifest = models / "local.yaml"
+    manifest.write_text(yaml.safe_dump({"models": [entry]}))
+    rows, tables = tmp_path / "rows.jsonl", tmp_path / "zoo.md"
+    argv = ["zoo", str(manifest), "--peers", "ort,ort-transformers", "--latency-runs", "2"]
+    assert main([*argv, "--json", str(rows), "--markdown", str(tables)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "1 passed, 0 failed"
+    (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert row["inputs"] == "stored"
+    assert row["tools"]["ort-transformers"]["error"].startswith("n/a")
+    assert set(row["latency"]) == {"original", "onnxfuse", "ort-extended", "ratio"}
+    text = tables.read_text()
+    assert "| gemm | 12 | 3 | 1 | 1 | n/a | ORT ext 1 | yes |  |" in text
+    assert "ORT transformers: n/a" not in text  # not applicable is not a failure note

@@ -18,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is ever do
 import torch
 from torch import nn
 
+from onnxfuse.zoo.models import Transformer
+
 SEQ = 8
 BATCH = 2
 IMAGE = 32
@@ -28,7 +30,7 @@ class ModelSpec:
     """One model to export, and what the anchors need to know about it."""
 
     name: str
-    family: str  # bert, albert, gpt2, vit, t5, llama, cnn
+    family: str  # a key of BUILDERS: bert, albert, gpt2, vit, t5, llama, swin, cnn...
     config: dict[str, Any]  # everything the builder reads; part of the cache key
     # onnxruntime.transformers.optimizer model_type; None: not a transformer
     ort_model_type: str | None
@@ -39,6 +41,13 @@ class ModelSpec:
     dynamic: dict[str, dict[int, str]] = field(default_factory=dict)
     # the exporters ("legacy", "dynamo") that can export it; None: every one
     exporters: tuple[str, ...] | None = None
+
+    @property
+    def transformer(self) -> Transformer | None:
+        """What onnxruntime's transformers optimizer is told (None: not a transformer)."""
+        if self.ort_model_type is None:
+            return None
+        return Transformer(self.ort_model_type, self.num_heads, self.hidden_size)
 
 
 @dataclass
@@ -473,6 +482,121 @@ def build_segformer(c: dict[str, Any]) -> Built:
     return _hf(SegformerModel(config), {"pixel_values": pixels}, "last_hidden_state", c["seed"])
 
 
+def _encoder(model: nn.Module, inputs: dict[str, torch.Tensor], seed: int) -> Built:
+    """An encoder called without use_cache (which these models do not take)."""
+    _perturb(model, seed)
+    model.eval()
+    names = list(inputs)
+    return Built(_Call(model, names, "last_hidden_state").eval(), inputs, ["last_hidden_state"])
+
+
+def build_bert_family(c: dict[str, Any]) -> Built:
+    """BERT-like encoders whose embeddings differ from BERT's: RoBERTa counts positions
+    from its padding index over the tokens that are not padding, DistilBERT has no token
+    types, ELECTRA projects a smaller embedding up to the hidden size."""
+    import transformers
+
+    torch.manual_seed(c["seed"])
+    sizes = {
+        "vocab_size": c["vocab"],
+        "num_hidden_layers": c["layers"],
+        "num_attention_heads": c["heads"],
+        "intermediate_size": c["hidden"] * 2,
+        "attn_implementation": c["attention"],
+    }
+    arch = c["arch"]
+    if arch == "roberta":
+        config = transformers.RobertaConfig(
+            hidden_size=c["hidden"], max_position_embeddings=66, pad_token_id=1, **sizes
+        )
+        model = transformers.RobertaModel(config, add_pooling_layer=False)
+    elif arch == "electra":
+        config = transformers.ElectraConfig(
+            hidden_size=c["hidden"], embedding_size=c["hidden"] // 2, **sizes
+        )
+        model = transformers.ElectraModel(config)
+    else:
+        config = transformers.DistilBertConfig(
+            vocab_size=c["vocab"],
+            dim=c["hidden"],
+            n_layers=c["layers"],
+            n_heads=c["heads"],
+            hidden_dim=c["hidden"] * 2,
+            attn_implementation=c["attention"],
+        )
+        model = transformers.DistilBertModel(config)
+    inputs = _token_inputs(c["vocab"], c["mask"], c["seed"], *_sizes(c))
+    return _encoder(model, inputs, c["seed"])
+
+
+def build_clip_text(c: dict[str, Any]) -> Built:
+    """CLIP's text encoder: pre-LN blocks under a causal mask and the padding mask,
+    QuickGELU (x * sigmoid(1.702 x)) in the feed-forward."""
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(c["seed"])
+    config = CLIPTextConfig(
+        vocab_size=c["vocab"],
+        hidden_size=c["hidden"],
+        intermediate_size=c["hidden"] * 2,
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        max_position_embeddings=16,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        attn_implementation=c["attention"],
+    )
+    inputs = _token_inputs(c["vocab"], True, c["seed"], *_sizes(c))
+    return _encoder(CLIPTextModel(config), inputs, c["seed"])
+
+
+def build_swin(c: dict[str, Any]) -> Built:
+    """Swin: attention inside 4x4 windows, every other block on windows shifted by half
+    a window with a mask computed from the feature map's size, a relative-position bias
+    gathered from a table, patch merging between stages."""
+    from transformers import SwinConfig, SwinModel
+
+    torch.manual_seed(c["seed"])
+    config = SwinConfig(
+        image_size=IMAGE,
+        patch_size=2,
+        embed_dim=c["hidden"] // 2,
+        depths=[2, 2],
+        num_heads=[c["heads"] // 2, c["heads"]],
+        window_size=4,
+        mlp_ratio=2.0,
+        attn_implementation=c["attention"],
+    )
+    generator = torch.Generator().manual_seed(c["seed"])
+    pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=generator)
+    model = SwinModel(config, add_pooling_layer=False)
+    return _encoder(model, {"pixel_values": pixels}, c["seed"])
+
+
+def build_wav2vec2(c: dict[str, Any]) -> Built:
+    """wav2vec2: a strided Conv1d feature extractor (group norm, GELU), a grouped
+    convolutional position embedding, then post-LN self-attention blocks."""
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    torch.manual_seed(c["seed"])
+    config = Wav2Vec2Config(
+        hidden_size=c["hidden"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        intermediate_size=c["hidden"] * 2,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        attn_implementation=c["attention"],
+    )
+    generator = torch.Generator().manual_seed(c["seed"])
+    audio = torch.randn(BATCH, c["samples"], generator=generator)
+    return _encoder(Wav2Vec2Model(config), {"input_values": audio}, c["seed"])
+
+
 class _ResidualBlock(nn.Module):
     def __init__(self, channels: int, stride: int) -> None:
         super().__init__()
@@ -768,6 +892,10 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Built]] = {
     "opt": build_opt,
     "beit": build_beit,
     "segformer": build_segformer,
+    "bert-family": build_bert_family,
+    "clip-text": build_clip_text,
+    "swin": build_swin,
+    "wav2vec2": build_wav2vec2,
     "cnn": build_cnn,
     "causal_lm": build_causal_lm,
 }
@@ -915,6 +1043,33 @@ MODELS: list[ModelSpec] = [
         {"seed": 0, "arch": "mobilenet", "width": 16, "act": "hardswish"},
         None,
         dynamic=_IMAGES,
+    ),
+]
+
+
+# Encoders, speech and vision families beside the ones above, each with dynamic axes.
+MODELS += [
+    _text("roberta", "bert-family", "bert", arch="roberta", hidden=32, heads=4, mask=True),
+    _text("distilbert", "bert-family", "bert", arch="distilbert", hidden=32, heads=4, mask=True),
+    _text("electra", "bert-family", "bert", arch="electra", hidden=32, heads=4, mask=True),
+    _text("clip-text", "clip-text", "clip", hidden=32, heads=4, mask=True),
+    ModelSpec(
+        "swin",
+        "swin",
+        {"seed": 0, "hidden": 32, "heads": 4, "attention": "eager"},
+        "swin",
+        4,
+        32,
+        dynamic=_IMAGES,
+    ),
+    ModelSpec(
+        "wav2vec2",
+        "wav2vec2",
+        {"seed": 0, "hidden": 32, "heads": 4, "layers": 2, "samples": 400, "attention": "eager"},
+        "bert",
+        4,
+        32,
+        dynamic={"input_values": {0: "batch", 1: "samples"}},
     ),
 ]
 

@@ -319,3 +319,67 @@ def test_input_value_errors_are_one_line_and_exit_2(tmp_path, capsys, args, mess
     assert main(["plan", path, *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def _dynamic_quantize_lstm(direction: str) -> onnx.ModelProto:
+    """X [seq 5, batch, input 4] through com.microsoft DynamicQuantizeLSTM (hidden 3),
+    whose outputs neither onnx nor SymbolicShapeInference sizes, then Y reshaped to
+    [seq, batch, directions * hidden] by a shape computed from Y's, into an output that
+    declares [1, seqlen] (as ddddocr's captcha model does): only once Y is sized does
+    the Reshape show that the declaration is wrong."""
+    rng = np.random.default_rng(0)
+    directions, hidden = (2 if direction == "bidirectional" else 1), 3
+
+    def int8(name, *shape):
+        return onnx.numpy_helper.from_array(rng.integers(-20, 20, shape).astype(np.int8), name)
+
+    def f32(name, *shape):
+        return onnx.numpy_helper.from_array(rng.uniform(0.01, 0.02, shape).astype(np.float32), name)
+
+    def i64(name, values):
+        return onnx.numpy_helper.from_array(np.array(values, np.int64), name)
+
+    constants = [int8("W", directions, 4, 4 * hidden), int8("R", directions, hidden, 4 * hidden)]
+    constants += [f32("B", directions, 8 * hidden), f32("ws", directions), f32("rs", directions)]
+    constants += [onnx.numpy_helper.from_array(np.zeros(directions, np.int8), "z")]
+    constants += [i64("i0", [0]), i64("i2", [2]), i64("m1", [-1])]
+    lstm = helper.make_node(
+        "DynamicQuantizeLSTM",
+        ["x", "W", "R", "B", "", "", "", "", "ws", "z", "rs", "z"],
+        ["y", "y_h", "y_c"],
+        name="lstm",
+        domain="com.microsoft",
+        direction=direction,
+        hidden_size=hidden,
+    )
+    nodes = [
+        lstm,
+        helper.make_node("Shape", ["y"], ["sy"]),
+        helper.make_node("Gather", ["sy", "i0"], ["seq"]),
+        helper.make_node("Gather", ["sy", "i2"], ["batch"]),
+        helper.make_node("Concat", ["seq", "batch", "m1"], ["s"], axis=0),
+        helper.make_node("Reshape", ["y", "s"], ["out"], name="merge"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [tensor("x", [5, "batch", 4])], [tensor("out", [1, "seqlen"])], constants
+    )
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=imports)
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_a_dynamically_quantized_lstm_is_sized_like_an_lstm(tmp_path, capsys, direction):
+    path = tmp_path / "lstm.onnx"
+    onnx.save(_dynamic_quantize_lstm(direction), path)
+    out = tmp_path / "plan.json"
+    # No --verify: with these random int8 weights the one-node session of the op and the
+    # whole model round 4e-5 apart (tests/zoo/test_zoo_plan.py verifies a real one).
+    assert main(["plan", str(path), "--dim", "batch=2", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "declared shape, which the bound input shapes contradict, left out, 'out'" in (
+        captured.err
+    )
+    plan = json.loads(out.read_text())
+    shapes = {t["name"]: t["shape"] for t in (*plan["tensors"], *plan["outputs"])}
+    directions = 2 if direction == "bidirectional" else 1
+    assert shapes["y"] == [5, directions, 2, 3] and shapes["out"] == [5, 2, directions * 3]

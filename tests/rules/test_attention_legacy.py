@@ -1,5 +1,5 @@
-"""ort-embed-layer-norm and ort-attention-legacy-mask on BERT as torch.onnx's legacy exporter
-writes it with an attention_mask (the cached bert-mask-legacy14/17 exports).
+"""ort-embed-layer-norm (and its DistilBERT and RoBERTa forms) and ort-attention-legacy-mask on
+BERT-family encoders as torch.onnx's legacy exporter writes them with an attention_mask.
 
 The property tests draw the mask from bool inputs of one layout; here the real graph runs on
 masks of every layout the model accepts: right and left padding, holes, a fully masked row,
@@ -180,4 +180,69 @@ def test_other_embedding_buffers_stay_unfused(buffer, rules, tmp_path):
     feeds = export.feeds
     got = session(tmp_path / "fused.onnx").run(None, feeds)
     want = session(path).run(None, feeds)
+    assert worst_error(got, want) <= 1.0
+
+
+# The embeddings of BERT's family as the legacy exporter writes them, by the rule each
+# needs: DistilBERT's have no token types, RoBERTa's compute the positions from the
+# padding token (1 here) and gather the token types at them.
+EMBEDDING_VARIANTS = {
+    "distilbert-legacy14": "ort-embed-layer-norm-no-token-types",
+    "distilbert-legacy17": "ort-embed-layer-norm-no-token-types",
+    "roberta-legacy14": "ort-embed-layer-norm-position-ids",
+    "roberta-legacy17": "ort-embed-layer-norm-position-ids",
+}
+
+
+def _variant_ids(ids: np.ndarray, kind: str) -> np.ndarray:
+    """Token ids the positions depend on (RoBERTa): padding tokens inside a sequence and at
+    its start, or a longer sequence."""
+    rng = np.random.default_rng(11)
+    if kind == "longer":
+        return rng.integers(0, 100, (ids.shape[0], ids.shape[1] + 3)).astype(np.int64)
+    changed = ids.copy()
+    if kind == "pad-inside":
+        changed[:, 2] = 1
+    elif kind == "pad-first":
+        changed[0, :3] = 1
+    return changed
+
+
+@pytest.mark.parametrize("name", EMBEDDING_VARIANTS)
+@pytest.mark.parametrize("ids", ["stored", "pad-inside", "pad-first", "longer"])
+def test_embedding_variants_fuse_and_keep_outputs(name, ids, fused):
+    export, path, model = fused(name)
+    ops = _ops(model)
+    assert ops.get("com.microsoft::EmbedLayerNormalization") == 1, ops
+    for op in ("Slice", "GatherElements"):  # the position and token-type buffers' reads
+        assert op not in ops, ops
+    feeds = dict(export.feeds)
+    feeds["input_ids"] = _variant_ids(feeds["input_ids"], ids)
+    feeds["attention_mask"] = np.ones(feeds["input_ids"].shape, np.int64)
+    feeds["attention_mask"][-1, -2:] = 0
+    want = session(export.path).run(None, feeds)
+    got = session(path).run(None, feeds)
+    assert worst_error(got, want) <= 1.0, worst_error(got, want)
+
+
+@pytest.mark.parametrize(
+    ("name", "reader", "change"),
+    [
+        # RoBERTa's token types all 1: every token adds row 1, which no rule folds.
+        ("roberta-legacy17", "Expand", np.ones_like),
+        # DistilBERT's positions from 1: not the 0..seq-1 the op computes.
+        ("distilbert-legacy17", "Slice", lambda v: np.minimum(v + 1, v.shape[-1] - 1)),
+    ],
+)
+def test_embedding_variants_with_other_buffers_stay_unfused(name, reader, change, rules, tmp_path):
+    export = export_by_name(name)
+    source = onnx.load(str(export.path))
+    buffer = next(n for n in source.graph.node if n.op_type == reader).input[0]
+    source = _with_buffer(source, buffer, change)
+    path = tmp_path / "source.onnx"
+    onnx.save(source, str(path))
+    model = _optimize(path, tmp_path / "fused.onnx", rules)
+    assert "com.microsoft::EmbedLayerNormalization" not in _ops(model)
+    got = session(tmp_path / "fused.onnx").run(None, export.feeds)
+    want = session(path).run(None, export.feeds)
     assert worst_error(got, want) <= 1.0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from onnxfuse.zoo import models as fetch
 from onnxfuse.zoo.models import FetchError, InputSpec, ZooModel
@@ -179,3 +180,48 @@ def test_npm_failure_says_why(cache, monkeypatch):
         "npm: @scope/name@0.0.999: download failed: "
         "npm error notarget No matching version found for @scope/name@0.0.999."
     )
+
+
+def _local_manifest(folder: Path, entry: dict) -> Path:
+    manifest = folder / "local.yaml"
+    manifest.write_text(yaml.safe_dump({"models": [entry]}))
+    return manifest
+
+
+def test_a_local_entry_names_its_file_its_stored_feeds_and_its_transformer(tmp_path):
+    (tmp_path / "m.onnx").write_bytes(PAYLOAD)
+    np.savez(tmp_path / "m.npz", x=np.arange(6, dtype=np.float32).reshape(2, 3))
+    transformer = {"model_type": "bert", "num_heads": 4, "hidden_size": 32}
+    entry = {"name": "m", "file": "m.onnx", "feeds": "m.npz", "transformer": transformer}
+    (model,) = fetch.load_manifest(_local_manifest(tmp_path, entry)).values()
+    assert fetch.model_path(model) == tmp_path / "m.onnx"  # beside the manifest; no download
+    assert model.source == f"file: {tmp_path / 'm.onnx'}"
+    assert model.transformer == fetch.Transformer("bert", 4, 32)
+    (name, x), *others = fetch.make_feeds(model).items()
+    assert name == "x" and not others and x.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"inputs": {"x": {"shape": [1], "dtype": "float32", "value": 0}}}, "either inputs or"),
+        ({"feeds": None}, "either inputs or feeds"),
+        ({"source": {"pypi": "p==1.0"}}, "either source or file"),
+        ({"transformer": {"model_type": "bert", "num_heads": 4}}, "transformer needs"),
+    ],
+)
+def test_a_local_entry_that_contradicts_itself_is_refused(tmp_path, changes, message):
+    entry = {"name": "m", "file": "m.onnx", "feeds": "m.npz"} | changes
+    entry = {k: v for k, v in entry.items() if v is not None}
+    with pytest.raises(ValueError, match=message):
+        fetch.load_manifest(_local_manifest(tmp_path, entry))
+
+
+def test_a_missing_local_file_or_a_feeds_file_that_is_no_npz_is_one_line(tmp_path):
+    (tmp_path / "m.npz").write_bytes(b"not an npz")
+    entry = {"name": "m", "file": "m.onnx", "feeds": "m.npz"}
+    (model,) = fetch.load_manifest(_local_manifest(tmp_path, entry)).values()
+    with pytest.raises(FetchError, match=r"m\.onnx: no such model file"):
+        fetch.model_path(model)
+    with pytest.raises(FetchError, match=r"m\.npz: not an \.npz of inputs"):
+        fetch.make_feeds(model)

@@ -20,13 +20,7 @@ pytestmark = pytest.mark.slow
 
 MANIFEST = load_manifest(Path(__file__).with_name("manifest.yaml"))
 
-KNOWN_PLAN_GAPS: dict[str, str] = {
-    "ddddocr-ocr-int8": (
-        "com.microsoft.DynamicQuantizeLSTM: onnx inference skips the contrib op and "
-        "onnxruntime's SymbolicShapeInference has no rule for it, so its outputs stay "
-        "unsized (--trace-shapes or --dim 361:0=... sizes them)"
-    ),
-}
+KNOWN_PLAN_GAPS: dict[str, str] = {}
 
 
 def _arguments(name: str) -> list[str]:

