@@ -56,22 +56,31 @@ def greedy(session: ort.InferenceSession, config: dict, prompt: np.ndarray, mask
     return np.stack(logits, 1), np.stack(tokens, 1)
 
 
-@pytest.fixture(scope="module", params=[("dynamo", 18), ("legacy", 17)], ids=lambda p: p[0])
-def llama(request, tmp_path_factory):
+FAMILIES = ("llama", "qwen2", "phi3", "mistral", "gemma")
+EXPORTERS = (("dynamo", 18), ("legacy", 17))
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(f, *e) for f in FAMILIES for e in EXPORTERS],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
+def decoder(request, tmp_path_factory):
     pytest.importorskip("torch", reason="the export extra (pip install '.[export]') is missing")
     pytest.importorskip("transformers", reason="the export extra is missing")
     from exports.export import get_export
     from exports.models import CAUSAL_LM_MODELS_BY_NAME
 
-    export = get_export(CAUSAL_LM_MODELS_BY_NAME["llama-kv"], *request.param)
+    family, exporter, opset = request.param
+    export = get_export(CAUSAL_LM_MODELS_BY_NAME[f"{family}-kv"], exporter, opset)
     out = tmp_path_factory.mktemp("decode") / "fused.onnx"
     options = Options(target=load_target("cpu"))
     optimize_file(export.path, out, select_rules(target="cpu"), options)
     return export, out
 
 
-def test_fused_decoder_generates_what_the_export_generates(llama):
-    export, fused = llama
+def test_fused_decoder_generates_what_the_export_generates(decoder):
+    export, fused = decoder
     ops = {n.op_type for n in onnx.load(fused, load_external_data=False).graph.node}
     assert {"RotaryEmbedding", "SkipSimplifiedLayerNormalization", "Split"} <= ops
     config = export.spec.config
