@@ -10,6 +10,8 @@ sequences, the second left-padded, then 16 generated tokens, one step each (~2 s
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -82,9 +84,18 @@ def decoder(request, tmp_path_factory):
 
 def test_fused_decoder_generates_what_the_export_generates(decoder):
     export, fused = decoder
-    ops = {n.op_type for n in onnx.load(fused, load_external_data=False).graph.node}
-    assert {"RotaryEmbedding", "SkipSimplifiedLayerNormalization", "Split"} <= ops
     config = export.spec.config
+    ops = collections.Counter(
+        n.op_type for n in onnx.load(fused, load_external_data=False).graph.node
+    )
+    # Every layer's two norms after the first take the residual Add (Gemma's (1 + w) scale
+    # folded into the weight), its queries and keys rotate in RotaryEmbedding, and its
+    # packed projections are split; Phi-3's legacy export reaches them once its folded
+    # shape arithmetic names the dims.
+    layers = config["layers"]
+    assert ops["SkipSimplifiedLayerNormalization"] == 2 * layers
+    assert ops["RotaryEmbedding"] == 2 * layers
+    assert ops["Split"] >= 2 * layers
     rng = np.random.default_rng(3)
     prompt = rng.integers(3, config["vocab"], (2, PROMPT)).astype(np.int64)
     mask = np.ones((2, PROMPT), np.int64)
