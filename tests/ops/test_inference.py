@@ -69,3 +69,41 @@ def test_model_inference_replaces_the_dims_onnx_invented_before():
     y = model.graph.node(0).outputs[0]
     assert [str(d) for d in y.shape] == ["batch", "8"]
     assert [str(d) for d in model.graph.outputs[0].shape] == ["out", "8"]
+
+
+def test_model_inference_replaces_invented_dims_inside_branches_too():
+    # The branches of an If read the outer x: their values are named by it alike.
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        graph = onnx.helper.make_graph(
+            [
+                onnx.helper.make_node(op, ["x"], [f"y_{name}"]),
+                onnx.helper.make_node("Neg", [f"y_{name}"], [f"o_{name}"]),
+            ],
+            name,
+            [],
+            [onnx.helper.make_tensor_value_info(f"o_{name}", 1, None)],
+        )
+        graph.value_info.append(onnx.helper.make_tensor_value_info(f"y_{name}", 1, ["unk__0", 8]))
+        return graph
+
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node(
+                "If", ["c"], ["z"], then_branch=branch("t", "Relu"), else_branch=branch("e", "Abs")
+            )
+        ],
+        "g",
+        [
+            onnx.helper.make_tensor_value_info("x", 1, ["batch", 8]),
+            onnx.helper.make_tensor_value_info("c", 9, []),
+        ],
+        [onnx.helper.make_tensor_value_info("z", 1, None)],
+    )
+    model = ir.from_proto(
+        onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    )
+    infer_shapes(model, outputs=False)
+    if_node = model.graph.node(0)
+    for name in ("then_branch", "else_branch"):
+        first = if_node.attributes[name].as_graph().node(0)
+        assert [str(d) for d in first.outputs[0].shape] == ["batch", "8"]
