@@ -70,6 +70,7 @@ EXPECTED_RULES = {
     "shape-transpose",
     "reshape-computed-shape",
     "reciprocal-mul",
+    "gather-mul-fold",
     "transpose-gemm-a",
     "transpose-gemm-b",
     "gemm-transpose",

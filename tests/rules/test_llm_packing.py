@@ -1,6 +1,7 @@
 """llm-pack-qkv and llm-pack-gate-up (rules/llm/packing.yaml): projections of one input into
 one MatMul by the concatenated weights and a Split. The packed weight is one initializer; an
-input with other readers, a weight read elsewhere or a runtime weight stays unpacked."""
+input with other readers, a weight read elsewhere or a runtime weight stays unpacked.
+llm-pack-qkv-bias: the parts' bias Adds become one Add before the Split."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from onnxfuse.language.rule import PHASES
 from onnxfuse.targets.capabilities import load_target
 
 RULES = {rule.name: rule for rule in load_builtin_rules(["llm"])}
-QKV, GATE_UP = "llm-pack-qkv", "llm-pack-gate-up"
+QKV, GATE_UP, QKV_BIAS = "llm-pack-qkv", "llm-pack-gate-up", "llm-pack-qkv-bias"
 D = 16
 WIDTHS = {"wq": 16, "wk": 8, "wv": 8}
 
@@ -103,6 +104,40 @@ def test_two_projections_are_not_packed_as_three_nor_three_as_two():
     assert applied == 0
     applied, _ = optimize(projections(), GATE_UP)
     assert applied == 0
+
+
+def biased_projections(bias_shapes=((16,), (8,), (8,))) -> onnx.ModelProto:
+    """Qwen2's projections: each of three MatMuls plus its constant bias."""
+    rng = np.random.default_rng(1)
+    model = projections()
+    graph = model.graph
+    for w, shape in zip(WIDTHS, bias_shapes):
+        add = node("Add", [f"y_{w}", f"b_{w}"], f"z_{w}")
+        graph.node.append(add)
+        bias = rng.standard_normal(shape).astype(np.float32)
+        graph.initializer.append(numpy_helper.from_array(bias, f"b_{w}"))
+        (out,) = [o for o in graph.output if o.name == f"y_{w}"]
+        out.name = f"z_{w}"
+    return model
+
+
+def test_the_packed_parts_biases_become_one_add_before_the_split():
+    model = biased_projections()
+    report, result = optimize_proto(model, [RULES[QKV], RULES[QKV_BIAS]], target=load_target("cpu"))
+    assert report.rules[QKV].applied == 1 and report.rules[QKV_BIAS].applied == 1
+    assert [n.op_type for n in result.graph.node] == ["MatMul", "Add", "Split"]
+    (add,) = [n for n in result.graph.node if n.op_type == "Add"]
+    (bias,) = [i for i in result.graph.initializer if i.name in add.input]
+    assert list(bias.dims) == [32]
+    for batch, seq in [(2, 5), (1, 1)]:
+        feeds = random_feeds(model, dims={"batch": batch, "seq": seq})
+        assert_close(run(result, feeds), run(model, feeds))
+
+
+def test_a_bias_that_broadcasts_over_its_part_stays():
+    model = biased_projections(((16,), (1,), (8,)))
+    report, _ = optimize_proto(model, [RULES[QKV], RULES[QKV_BIAS]], target=load_target("cpu"))
+    assert report.rules[QKV].applied == 1 and report.rules[QKV_BIAS].applied == 0
 
 
 def test_packing_runs_after_the_fusions():

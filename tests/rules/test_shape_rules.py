@@ -1,7 +1,7 @@
 """Shape and small-pattern rules on onnxruntime's peer models and on hand-built graphs.
 
 Rules: reshape-computed-shape, shape-cast, shape-transpose (shape.yaml),
-not-where, not-not (logic.yaml), reciprocal-mul (arith.yaml), the attribute
+not-where, not-not (logic.yaml), reciprocal-mul and gather-mul-fold (arith.yaml), the attribute
 forms of the Pad folds (pad.yaml). Also what the engine does around them:
 constants that are graph outputs fold, two graph outputs of one value keep one
 Identity, and what onnxruntime removes that onnxfuse keeps on purpose.
@@ -754,6 +754,53 @@ def test_reciprocal_mul_negatives():
         inits={"two": np.array(2.0, F32)},
     )
     no_fire(two, "reciprocal-mul")
+
+
+# -- gather-mul-fold ---------------------------------------------------------------
+
+
+def _scaled_rows(scale: np.ndarray, outputs=("y",), extra=()) -> onnx.ModelProto:
+    """An embedding as Gemma scales it: Gather(W, ids) * sqrt(hidden)."""
+    return build(
+        [node("Gather", ["w", "ids"], "g"), node("Mul", ["g", "s"], "y"), *extra],
+        {"ids": (["B", "S"], I64)},
+        outputs=outputs,
+        inits={"w": np.random.default_rng(0).standard_normal((10, 4)).astype(F32), "s": scale},
+    )
+
+
+def test_gather_mul_fold_moves_the_scale_into_the_table():
+    feeds = {"ids": np.array([[0, 9, 3], [-1, 2, 2]], I64)}
+    result = fire(_scaled_rows(np.array(16.0**0.5, F32)), "gather-mul-fold", feeds=feeds)
+    (gather,) = result.graph.node
+    table = numpy_helper.to_array(next(t for t in result.graph.initializer))
+    want = np.random.default_rng(0).standard_normal((10, 4)).astype(F32) * F32(4.0)
+    np.testing.assert_array_equal(table, want)  # bit-exact: one product per element
+    assert gather.op_type == "Gather"
+
+
+def test_gather_mul_fold_negatives():
+    # a table also read elsewhere (a tied LM head) would be copied
+    tied = build(
+        [
+            node("Gather", ["w", "ids"], "g"),
+            node("Mul", ["g", "s"], "y"),
+            node("MatMul", ["h", "w"], "t"),
+        ],
+        {"ids": ([3], I64), "h": ([2, 10], F32)},
+        outputs=("y", "t"),
+        inits={"w": np.ones((10, 4), F32), "s": np.array(2.0, F32)},
+    )
+    no_fire(tied, "gather-mul-fold")
+    no_fire(_scaled_rows(np.full(4, 2.0, F32)), "gather-mul-fold")  # one factor per column
+    # a scale of higher rank adds axes to the rows
+    no_fire(_scaled_rows(np.full((1, 1, 1, 1), 2.0, F32)), "gather-mul-fold")
+    runtime = build(
+        [node("Gather", ["w", "ids"], "g"), node("Mul", ["g", "s"], "y")],
+        {"ids": ([3], I64), "s": ([], F32)},
+        inits={"w": np.ones((10, 4), F32)},
+    )
+    no_fire(runtime, "gather-mul-fold")
 
 
 # -- constant graph outputs ----------------------------------------------------------

@@ -8,6 +8,7 @@ that the values downstream of them get types and shapes too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
@@ -215,8 +216,31 @@ def _infer_once(model: ir.Model, outputs: bool = True) -> bool:
             proto = ir.serde.serialize_model(model)
     except Exception:  # too large to serialize: keep what we have
         return False
+    _forget_invented_dims(proto.graph)
     found = inferred_types(proto)
     return found is not None and _apply_types(model, found, outputs)
+
+
+# onnx names a dimension it cannot infer ``unk__N``: a placeholder, not a dimension the
+# model declares.
+_INVENTED_DIM = re.compile(r"unk__\d+")
+
+
+def _forget_invented_dims(graph: onnx.GraphProto) -> None:
+    """Clear the ``unk__N`` names of intermediate values (and of subgraphs' values).
+
+    onnx's inference keeps a dimension's existing name over the one it infers, so a name
+    invented before folding made a shape computable (a Slice whose ends came from Shape,
+    [unk__1, unk__2, 512] where [batch, seq, 512] is now inferable) would stay; the
+    graph's inputs and outputs keep what they declare."""
+    for info in graph.value_info:
+        for dim in info.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and _INVENTED_DIM.fullmatch(dim.dim_param):
+                dim.ClearField("dim_param")
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in (attr.g,) if attr.HasField("g") else attr.graphs:
+                _forget_invented_dims(sub)
 
 
 def inferred_types(proto: onnx.ModelProto) -> InferredTypes | None:
