@@ -29,7 +29,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from onnxfuse.files.repair import repair_attributes
-from onnxfuse.fuzz.noise import NOISE_FACTOR, noise_floor
+from onnxfuse.fuzz.noise import NOISE_FACTOR, noise_floor, quantization_floor
 from onnxfuse.ops import element_types
 from onnxfuse.proof.reference_ops import with_reference_definitions_bytes
 from onnxfuse.rewrite.report import StopReason
@@ -394,6 +394,10 @@ def _check_result(
         return Outcome("fail", "checker", _first_line(exc), "", applied)
     except Exception as exc:
         return Outcome("fail", "crash", _first_line(exc), _crash_site(exc), applied)
+    if target(target_name).keeps_qdq_units:
+        broken = broken_unit(original.model, model)
+        if broken:
+            return Outcome("fail", "unit", broken, "", applied)
     try:
         proto = ir.serde.serialize_model(model)
     except Exception as exc:
@@ -453,6 +457,26 @@ def _check_result(
     if expected is original.outputs:  # onnxruntime ran it (not the reference evaluator)
         original.matched.add(digest)
     return Outcome("pass", applied=applied)
+
+
+def broken_unit(before: onnx.ModelProto, after: ir.Model) -> str | None:
+    """The first QDQ node unit of ``before`` that is no longer one in ``after``, described.
+
+    A target that consumes units itself (``quantization: qdq_units``: qnn, nnapi, ...)
+    must get every unit of its input back: its op, by name, still between DQs and Qs.
+    """
+    from onnxfuse.rewrite.qdq_units import is_unit_op
+
+    nodes = {node.name: node for node in after.graph if node.name}
+    for node in ir.from_proto(before).graph:
+        if not node.name or not is_unit_op(node):
+            continue
+        kept = nodes.get(node.name)
+        if kept is None or kept.op_type != node.op_type:
+            return f"the QDQ node unit of {node.op_type} '{node.name}' is gone"
+        if not is_unit_op(kept):
+            return f"{node.op_type} '{node.name}' is no longer between DQ and Q nodes"
+    return None
 
 
 @functools.cache
@@ -516,11 +540,25 @@ def rule_tolerances(original: Original, applied: Sequence[str]) -> list[tuple[fl
 def _beyond_rounding_noise(
     original: Original, outputs, expected, values, feed_sets, allowed, steps: int
 ) -> str | None:
-    """The mismatch that remains once the original's own rounding noise is allowed for."""
-    floors = noise_floor(original.model, lambda data: run_all(data, feed_sets))
+    """The mismatch that remains once the original's own rounding noise is allowed for,
+    and in a QDQ model, where a rule that fired requantizes (``steps``), each unit
+    rounding up to that many steps differently (``noise.quantization_floor``)."""
+
+    def run(data: bytes) -> list[list[np.ndarray]]:
+        return run_all(data, feed_sets)
+
+    floors = noise_floor(original.model, run)
     allowance = None if floors is None else [[NOISE_FACTOR * f for f in s] for s in floors]
+    beyond = f"{NOISE_FACTOR:g}x the original's rounding noise"
+    quantized = quantization_floor(original.model, steps, run)
+    if quantized is not None:
+        beyond += f" and {steps} step(s) at each of its quantized units"
+        if allowance is None:
+            allowance = quantized
+        else:
+            allowance = [[f + q for f, q in zip(*pair)] for pair in zip(allowance, quantized)]
     problem = compare(outputs, expected, feed_sets, values, allowed, allowance, steps=steps)
-    return problem and f"{problem} (beyond {NOISE_FACTOR:g}x the original's rounding noise)"
+    return problem and f"{problem} (beyond {beyond})"
 
 
 def compare(
