@@ -151,7 +151,7 @@ def test_onnxruntimes_own_qdq_fusions_pass_the_oracle(tmp_path):
         seen.update(n.op_type for n in fused.graph.node if n.domain == "com.microsoft")
         outputs = oracle.run_all(fused.SerializeToString(), original.feed_sets)
         values = list(case.model.graph.output)
-        problem = oracle._beyond_rounding_noise(
+        problem = oracle.beyond_rounding_noise(
             original, outputs, original.outputs, values, original.feed_sets, original.tolerances, 1
         )
         assert problem is None, (case, problem)

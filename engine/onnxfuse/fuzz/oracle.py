@@ -449,7 +449,7 @@ def _check_result(
     values = list(proto.graph.output)
     problem = compare(outputs, expected, feed_sets, values, allowed, steps=steps)
     if problem:
-        problem = _beyond_rounding_noise(
+        problem = beyond_rounding_noise(
             original, outputs, expected, values, feed_sets, allowed, steps
         )
     if problem:
@@ -537,7 +537,7 @@ def rule_tolerances(original: Original, applied: Sequence[str]) -> list[tuple[fl
     return result
 
 
-def _beyond_rounding_noise(
+def beyond_rounding_noise(
     original: Original, outputs, expected, values, feed_sets, allowed, steps: int
 ) -> str | None:
     """The mismatch that remains once the original's own rounding noise is allowed for,

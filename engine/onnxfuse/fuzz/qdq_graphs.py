@@ -45,7 +45,7 @@ from onnxfuse.fuzz.graphs import (
     unsqueeze,
 )
 
-# Opsets onnxruntime's quantizer writes QDQ models for (per-channel weights need 13).
+# Opsets of the float models (per-channel weights need 13; the steps write opset-13 forms).
 QDQ_OPSETS = ((13, 7), (17, 8), (21, 10))
 _CALIBRATION_SETS = 3
 
@@ -138,7 +138,7 @@ def q_gemm(b: Builder) -> Val:
     inputs = [x, w]
     if b.flag(0.7):
         inputs.append(b.const(b.weights((n,), scale=0.5)))
-    attrs = {"transB": 1} if trans_b else {}
+    attrs: dict = {"transB": 1} if trans_b else {}
     if b.flag(0.2):
         attrs["alpha"] = 0.5
     return b.op("Gemm", inputs, F32, (x.shape[0], n), **attrs)
@@ -163,13 +163,10 @@ def q_unary(b: Builder) -> Val:
         return b.op(op, [x], F32, x.shape, alpha=b.choice([0.01, 0.1, 0.3]))
     if op == "Clip":
         lo, hi = b.choice([(0.0, 6.0), (-1.0, 1.0), (0.0, 0.5)])
-        if b.opset < 11:
-            return b.op(op, [x], F32, x.shape, min=lo, max=hi)
         bounds = [b.const(np.asarray(lo, F32)), b.const(np.asarray(hi, F32))]
         return b.op(op, [x, *bounds], F32, x.shape)
     if op == "Softmax":
-        axis = b.int(-1, x.rank - 1) if b.opset >= 13 else x.rank - 1
-        return b.op(op, [x], F32, x.shape, axis=axis)
+        return b.op(op, [x], F32, x.shape, axis=b.int(-1, x.rank - 1))
     return b.op(op, [x], F32, x.shape)
 
 
@@ -234,11 +231,10 @@ def q_move(b: Builder) -> Val:
     if kind == "resize" and x.rank == 4:
         factor = b.choice([1, 2])
         scales = b.const(np.asarray([1, 1, factor, factor], F32))
-        roi = "" if b.opset >= 13 else b.const(np.zeros(0, F32)).name
-        shape = (*x.shape[:2], x.shape[2] * factor, x.shape[3] * factor)
-        if math.prod(shape) > MAX_ELEMENTS:
+        resized = (*x.shape[:2], x.shape[2] * factor, x.shape[3] * factor)
+        if math.prod(resized) > MAX_ELEMENTS:
             return x
-        return b.op("Resize", [x, roi, scales], F32, shape, mode="nearest")
+        return b.op("Resize", [x, "", scales], F32, resized, mode="nearest")
     axes = [i for i, d in enumerate(x.shape) if d >= 2]
     if not axes:
         return x
@@ -275,7 +271,7 @@ QDQ_STEPS = {
 _QDQ_MENU = [name for name, (_, weight) in QDQ_STEPS.items() for _ in range(weight)]
 
 
-def quant_forms(opset: int) -> st.SearchStrategy[QuantForm]:
+def quant_forms() -> st.SearchStrategy[QuantForm]:
     # int8 activations go with int8 weights only (the quantizer refuses S8U8).
     types = st.sampled_from(
         [("uint8", "int8"), ("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8")]
@@ -285,7 +281,7 @@ def quant_forms(opset: int) -> st.SearchStrategy[QuantForm]:
             QuantForm,
             activation=st.just(pair[0]),
             weight=st.just(pair[1]),
-            per_channel=st.booleans() if opset >= 13 else st.just(False),
+            per_channel=st.booleans(),
             reduce_range=st.integers(0, 9).map(lambda i: i == 0),
             activation_symmetric=st.integers(0, 4).map(lambda i: i == 0),
             weight_symmetric=st.integers(0, 2).map(lambda i: i == 0),
@@ -345,7 +341,7 @@ def qdq_graph_cases(draw, max_steps: int = 8) -> GraphCase:
     b.symbolic_inputs = False  # the calibration and the oracle feed the same shapes
     b.unnamed_nodes = False  # the oracle follows each unit by its op's name
     b.passthrough_outputs = False  # the quantizer cannot sort a graph input that is an output
-    form = draw(quant_forms(opset))
+    form = draw(quant_forms())
     feed_seed = draw(st.integers(0, 2**16))
     steps: list[str] = [form.describe()]
     error = ""
