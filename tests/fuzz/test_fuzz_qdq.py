@@ -23,14 +23,17 @@ ROOT = Path(__file__).resolve().parents[2]
 U8S8 = QuantForm("uint8", "int8", False, False, False, False, False)
 
 
-def _add_model() -> onnx.ModelProto:
+def _add_model(dead: bool = False) -> onnx.ModelProto:
     """Sigmoid(x) + LeakyRelu(x), quantized U8S8: an Add unit of two activations whose
-    zero points differ (the Sigmoid's is 0, the sum's is not)."""
+    zero points differ (the Sigmoid's is 0, the sum's is not); ``dead``: and a Sigmoid
+    unit whose result nothing uses."""
     nodes = [
         helper.make_node("Sigmoid", ["x"], ["s"], name="sigmoid"),
         helper.make_node("LeakyRelu", ["x"], ["r"], name="leaky", alpha=0.3),
         helper.make_node("Add", ["s", "r"], ["y"], name="add"),
     ]
+    if dead:
+        nodes.append(helper.make_node("Sigmoid", ["r"], ["unused"], name="dead"))
     model = make_model(nodes, [tensor_input("x", [2, 16])], [tensor_input("y", [2, 16])])
     calibration = [oracle.make_feeds(model, 100 + i, False) for i in range(3)]
     return quantize(model, U8S8, calibration)
@@ -171,3 +174,10 @@ def test_a_unit_that_is_no_longer_a_unit_is_named():
     exposed.graph.outputs.append(add.outputs[0])  # a float output: no longer quantized only
     message = "Add 'add' is no longer between DQ and Q nodes"
     assert oracle.broken_unit(model, exposed) == message
+
+
+def test_a_dead_unit_may_go_for_a_target_that_keeps_units():
+    model = _add_model(dead=True)
+    assert Counter(n.op_type for n in model.graph.node)["Sigmoid"] == 2
+    outcome = oracle.check(_original(model), "qnn")
+    assert outcome.status == "pass", outcome

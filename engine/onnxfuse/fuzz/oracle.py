@@ -464,12 +464,15 @@ def broken_unit(before: onnx.ModelProto, after: ir.Model) -> str | None:
 
     A target that consumes units itself (``quantization: qdq_units``: qnn, nnapi, ...)
     must get every unit of its input back: its op, by name, still between DQs and Qs.
+    A unit no graph output is computed from is dead code, and may go.
     """
     from onnxfuse.rewrite.qdq_units import is_unit_op
 
     nodes = {node.name: node for node in after.graph if node.name}
-    for node in ir.from_proto(before).graph:
-        if not node.name or not is_unit_op(node):
+    graph = ir.from_proto(before).graph
+    live = _live(graph)
+    for node in graph:
+        if not node.name or not is_unit_op(node) or node not in live:
             continue
         kept = nodes.get(node.name)
         if kept is None or kept.op_type != node.op_type:
@@ -477,6 +480,19 @@ def broken_unit(before: onnx.ModelProto, after: ir.Model) -> str | None:
         if not is_unit_op(kept):
             return f"{node.op_type} '{node.name}' is no longer between DQ and Q nodes"
     return None
+
+
+def _live(graph: ir.Graph) -> set[ir.Node]:
+    """The nodes some graph output is computed from."""
+    live: set[ir.Node] = set()
+    todo = [v.producer() for v in graph.outputs]
+    while todo:
+        node = todo.pop()
+        if node is None or node in live:
+            continue
+        live.add(node)
+        todo.extend(v.producer() for v in node.inputs if v is not None)
+    return live
 
 
 @functools.cache
