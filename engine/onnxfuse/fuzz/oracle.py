@@ -7,7 +7,9 @@ an error on a valid model, a rewrite stopped by a cap or an oscillation, a
 result that fails onnx's full checker, changed graph input/output names, a
 model onnxruntime cannot load or run, or outputs that differ beyond the
 per-dtype tolerances of the proofs (``proof.domain.DEFAULT_TOLERANCES``, as
-tests/helpers.py's).
+tests/helpers.py's), beyond the original's own rounding noise and, in a QDQ model,
+beyond the steps its units may round differently (``noise.quantization_floor``); and
+for a target that consumes QDQ node units, a unit of the input that is no longer one.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class Outcome:
     """What happened to one model for one target."""
 
     status: str  # "pass", "discard" or "fail"
-    kind: str = ""  # failure kind: crash, error, stopped, checker, interface, ort-load, ...
+    kind: str = ""  # failure kind: crash, error, stopped, checker, interface, unit, ort-load, ...
     message: str = ""
     where: str = ""  # for crashes: exception type and innermost onnxfuse frame
     applied: list[str] = field(default_factory=list)  # rules that fired
