@@ -3,7 +3,7 @@
 A float model is built from the ops QDQ models are made of (Conv, MatMul, Gemm,
 Add, Mul, Sigmoid, LeakyRelu, Softmax, pools, Concat, Relu and Clip, and the
 data-movement ops between units: Reshape, Transpose, Squeeze, Unsqueeze,
-Flatten, Slice, Split, MaxPool, Resize-nearest), then quantized with
+Flatten, Slice, Split, Gather, MaxPool, Resize-nearest), then quantized with
 ``onnxruntime.quantization.quantize_static`` in QDQ format, calibrated on the
 feeds the oracle runs it with: every float op between DequantizeLinear and
 QuantizeLinear nodes, int32 bias DQs, weights per tensor or per channel, and
@@ -213,7 +213,17 @@ def q_move(b: Builder) -> Val:
     """A data-movement op between units (the Q/DQ cleanups' ground)."""
     x = _any(b)
     kind = b.choice(
-        ["reshape", "transpose", "squeeze", "unsqueeze", "flatten", "slice", "split", "resize"]
+        [
+            "reshape",
+            "transpose",
+            "squeeze",
+            "unsqueeze",
+            "flatten",
+            "slice",
+            "split",
+            "gather",
+            "resize",
+        ]
     )
     if kind == "reshape":
         return reshape(b, x, factor_shape(b, x.numel))
@@ -235,6 +245,12 @@ def q_move(b: Builder) -> Val:
         if math.prod(resized) > MAX_ELEMENTS:
             return x
         return b.op("Resize", [x, "", scales], F32, resized, mode="nearest")
+    if kind == "gather":
+        axis = b.int(0, x.rank - 1)
+        count = b.int(1, 3)
+        indices = b.ints([b.int(-x.shape[axis], x.shape[axis] - 1) for _ in range(count)])
+        shape = [*x.shape[:axis], count, *x.shape[axis + 1 :]]
+        return b.op("Gather", [x, indices], F32, shape, axis=axis)
     axes = [i for i, d in enumerate(x.shape) if d >= 2]
     if not axes:
         return x
