@@ -15,7 +15,7 @@ from onnxfuse.fuzz.command import main as fuzz_main
 from onnxfuse.support import workers
 
 SEED, CHUNKS, SIZE = 11, 4, 8
-JOBS = [(SEED, k, SIZE, ("cpu", "onnx"), None, 8, 0.0, "", ()) for k in range(CHUNKS)]
+JOBS = [(SEED, k, SIZE, ("cpu", "onnx"), None, 8, 0.0, "", (), False) for k in range(CHUNKS)]
 
 
 def verdicts(tally: graph_runner.Tally) -> tuple:

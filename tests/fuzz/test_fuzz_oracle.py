@@ -109,6 +109,7 @@ def test_only_a_domain_that_says_the_rule_differs_on_nan_is_compared_on_plain_in
     [
         (["--max-steps", "0"], "--max-steps must be >= 1"),
         (["--each-rule", "1", "--table", "/nonexistent/x.tsv"], "not a file in an existing dir"),
+        (["--qdq", "--each-rule", "1"], "--qdq generates models for --iterations"),
     ],
 )
 def test_bad_fuzzer_arguments_exit_2_without_a_traceback(args, message):

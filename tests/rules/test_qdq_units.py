@@ -298,6 +298,36 @@ def test_every_unit_is_still_a_unit_for_providers_that_consume_them(target, form
     assert counts(result) == counts(model)
 
 
+def _two_sigmoid_units() -> onnx.ModelProto:
+    """Two Sigmoid units on one DQ, quantized alike (a model the graph fuzzer found)."""
+    inits = [
+        numpy_helper.from_array(np.asarray(np.float32(0.02)), "s"),
+        numpy_helper.from_array(np.asarray(np.uint8(128)), "z"),
+        numpy_helper.from_array(np.asarray(np.float32(1 / 256)), "ys"),
+        numpy_helper.from_array(np.asarray(np.uint8(0)), "yz"),
+    ]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["d"])]
+    for i in (1, 2):
+        nodes += [
+            helper.make_node("Sigmoid", ["d"], [f"f{i}"], name=f"sigmoid{i}"),
+            helper.make_node("QuantizeLinear", [f"f{i}", "ys", "yz"], [f"y{i}"]),
+        ]
+    outputs = [tensor_input(f"y{i}", [1, 4], onnx.TensorProto.UINT8) for i in (1, 2)]
+    return make_model(
+        nodes, [tensor_input("x", [1, 4], onnx.TensorProto.UINT8)], outputs, inits, opset=17
+    )
+
+
+@pytest.mark.parametrize("target", ["qnn", "nnapi"])
+def test_two_equal_units_on_one_dq_stay_two_units(target):
+    # Common-subexpression elimination would leave one Sigmoid feeding both Qs: no unit.
+    model = _two_sigmoid_units()
+    result = optimized(model, target)
+    assert (
+        _units(result) == _units(model) == [("Sigmoid", ("DequantizeLinear", "QuantizeLinear"))] * 2
+    )
+
+
 def test_the_relu_of_a_unit_is_kept_for_nnapi():
     result = optimized(_conv_relu_unit(), "nnapi")
     assert [n.op_type for n in result.graph.node] == [

@@ -61,6 +61,11 @@ def main(
         "--rule", action="append", help="with --each-rule: only this rule (repeatable)"
     )
     graphs.add_argument(
+        "--qdq",
+        action="store_true",
+        help="whole QDQ models: float models quantized by onnxruntime's quantize_static",
+    )
+    graphs.add_argument(
         "--rules",
         action="append",
         default=[],
@@ -99,6 +104,8 @@ def main(
         parser.error("--iterations must be >= 0")
     if args.command == "graphs" and args.each_rule is not None and args.each_rule < 1:
         parser.error("--each-rule must be >= 1")
+    if args.command == "graphs" and args.qdq and args.each_rule is not None:
+        parser.error("--qdq generates models for --iterations; --each-rule embeds rules")
     if args.command == "graphs" and args.max_steps < 1:
         parser.error("--max-steps must be >= 1")
     if args.command == "graphs" and args.table:
@@ -197,7 +204,8 @@ def _graphs(args, parser, command: str, where: workers.Workers) -> int:
     progress = _Progress("graphs " + ",".join(targets), args.iterations)
     total = graph_runner.Tally()
     _say(
-        f"graph fuzzing: {args.iterations} models, seed {args.seed}, targets {', '.join(targets)}, "
+        f"graph fuzzing: {args.iterations} {'QDQ ' if args.qdq else ''}models, seed {args.seed}, "
+        f"targets {', '.join(targets)}, "
         f"{len(chunks)} chunk(s), {where.describe()}"
     )
     # The corpus's signatures go with each job, read as it is handed out: a worker
@@ -214,6 +222,7 @@ def _graphs(args, parser, command: str, where: workers.Workers) -> int:
             args.shrink_seconds,
             command,
             oracle.rule_files(),
+            args.qdq,
         )
         for k, size in chunks
     )

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, setti
 
 from onnxfuse.fuzz import corpus, oracle
 from onnxfuse.fuzz.graphs import GraphCase, graph_cases
+from onnxfuse.fuzz.qdq_graphs import qdq_graph_cases
 from onnxfuse.support.every_module import load_every_module
 
 CHUNK_SIZE = 50
@@ -179,8 +180,10 @@ def run_chunk(
     shrink_seconds: float = DEFAULT_SHRINK_SECONDS,
     progress: Callable[[Tally], None] | None = None,
     command: str = "",
+    qdq: bool = False,
 ) -> Tally:
-    """``size`` generated models (discards not counted), every target checked.
+    """``size`` generated models (discards not counted), every target checked; with
+    ``qdq``, whole QDQ models (``qdq_graphs``).
 
     New failures (signature not in ``known``, the corpus's) are shrunk and returned in
     ``Tally.cases`` for the caller to save; with ``known`` None (no corpus) nothing is
@@ -191,7 +194,7 @@ def run_chunk(
     cache: dict[str, _Record] = {}
     shrink = known is not None
     known = set(known or ())
-    strategy = graph_cases(max_steps=max_steps)
+    strategy = (qdq_graph_cases if qdq else graph_cases)(max_steps=max_steps)
     done = 0
     run = 0
     while done < size:
@@ -217,7 +220,7 @@ def run_chunk(
 def run_job(job: tuple, progress: Callable[[Tally], None] | None = None) -> Tally:
     """run_chunk with its arguments in a tuple (a worker's unit of work), with the run's
     rule files."""
-    fuzz_seed, chunk, size, targets, known, max_steps, shrink_seconds, command, rules = job
+    fuzz_seed, chunk, size, targets, known, max_steps, shrink_seconds, command, rules, qdq = job
     oracle.use_rules(rules)
     return run_chunk(
         fuzz_seed,
@@ -229,6 +232,7 @@ def run_job(job: tuple, progress: Callable[[Tally], None] | None = None) -> Tall
         shrink_seconds=shrink_seconds,
         progress=progress,
         command=command,
+        qdq=qdq,
     )
 
 

@@ -147,6 +147,7 @@ class Builder:
             self.unnamed_nodes = False
             self.value_info = False  # declare types of some intermediates
             self.symbolic_inputs = True  # graph inputs may get symbolic dims
+            self.passthrough_outputs = True  # a graph input or initializer may be an output
             # Types of intermediates a spliced rule instance declares (ops of other
             # domains that onnx cannot infer, as the property tests' instances have them).
             self.known_types: list[onnx.ValueInfoProto] = []
@@ -1761,10 +1762,10 @@ def assemble(b: Builder) -> onnx.ModelProto:
         source = b.input_vals[0] if b.input_vals else b.new_input(F32, (2, 3))
         outputs.append(b.op("Identity", [source], source.dtype, source.shape))
     # Rarely, a graph input or an initializer that is itself a graph output.
-    if b.input_vals and b.flag(0.04):
+    if b.passthrough_outputs and b.input_vals and b.flag(0.04):
         outputs.append(b.input_vals[b.int(0, len(b.input_vals) - 1)])
     constants = [t for t in b.inits if t.name not in b.overridable]
-    if constants and b.ir_version >= 4 and b.flag(0.03):
+    if b.passthrough_outputs and constants and b.ir_version >= 4 and b.flag(0.03):
         chosen = constants[b.int(0, len(constants) - 1)]
         dtype = helper.tensor_dtype_to_np_dtype(chosen.data_type)
         outputs.append(Val(chosen.name, np.dtype(dtype), tuple(chosen.dims)))

@@ -180,3 +180,149 @@ def _distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         move = np.abs(a.astype(np.float64) - b.astype(np.float64))
     return np.where(np.isfinite(move), move, 0.0)
+
+
+# -- quantization noise ----------------------------------------------------------------
+
+# Ops that move quantized values without computing: the Q after one rounds nothing new
+# (the cleanups that drop its DQ -> op -> Q are exact).
+_MOVING = {
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Slice",
+    "Split",
+    "Gather",
+    "MaxPool",
+    "Resize",
+    "Identity",
+}
+
+
+# The moves that reach an output through later units are taken this many times over:
+# the sign and spread of a fused kernel's differences are not those of a few draws.
+QUANT_FACTOR = 2.0
+
+
+def requantized(
+    model: onnx.ModelProto, steps: int, sign: int, last: bool, seed: int = 0
+) -> onnx.ModelProto:
+    """A copy of ``model`` whose QuantizeLinear nodes of computed values move their
+    result by ``steps`` whole steps, element by element: what a fused kernel that
+    rounds once, where the unit rounds twice, may do at every unit. ``sign`` +1 or -1
+    moves every element that way, 0 each one a pseudo-random way; ``last``: only the Qs
+    no other such Q follows (an output's own unit), else only the others. The Q of a
+    graph input, and of a data-movement op, is left alone (they round nothing new)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        inferred = model
+    shapes = {
+        info.name: info.type.tensor_type.shape
+        for info in (*inferred.graph.value_info, *inferred.graph.input)
+    }
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    graph = result.graph
+    initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    moved = [i for i, node in enumerate(graph.node) if _moves(node, producers)]
+    followed = _followed(graph, {graph.node[i].output[0] for i in moved})
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    for index, node in enumerate(graph.node):
+        chosen = index in moved and (node.output[0] not in followed) == last
+        delta = _delta(node, shapes, initializers, rng, steps, sign) if chosen else None
+        if delta is not None:
+            name = f"{node.input[0]}__requantized{index}"
+            graph.initializer.append(numpy_helper.from_array(delta, f"{name}_delta"))
+            nodes.append(helper.make_node("Add", [node.input[0], f"{name}_delta"], [name]))
+            node.input[0] = name
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return result
+
+
+def _moves(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto]) -> bool:
+    """``node`` is a Q of a value a computing op produced."""
+    if node.op_type != "QuantizeLinear" or node.domain not in ("", "ai.onnx"):
+        return False
+    producer = producers.get(node.input[0])
+    return producer is not None and producer.op_type not in _MOVING
+
+
+def _followed(graph: onnx.GraphProto, quantized: set[str]) -> set[str]:
+    """Those of ``quantized`` from which another of them is computed."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    result = set()
+    for start in quantized:
+        seen, todo = set(), [start]
+        while todo:
+            for node in consumers.get(todo.pop(), ()):
+                for out in node.output:
+                    if out in quantized:
+                        result.add(start)
+                    if out not in seen:
+                        seen.add(out)
+                        todo.append(out)
+            if start in result:
+                break
+    return result
+
+
+def _delta(node, shapes, initializers, rng, steps: int, sign: int) -> np.ndarray | None:
+    """``k * scale`` to add to the input of the Q ``node``, ``|k| = steps``."""
+    scale = initializers.get(node.input[1])
+    shape = shapes.get(node.input[0])
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if scale is None or shape is None or attrs.get("block_size", 0):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in shape.dim]
+    if not all(dims):
+        return None
+    if scale.size > 1:  # per axis: the scale of each slice along the axis
+        axis = int(attrs.get("axis", 1)) % len(dims)
+        scale = scale.reshape((-1,) + (1,) * (len(dims) - 1 - axis))
+    k = np.full(dims, sign) if sign else rng.choice([-1, 1], dims)
+    return (steps * k * scale).astype(scale.dtype)
+
+
+def quantization_floor(
+    model: onnx.ModelProto, steps: int, run: Callable[[bytes], list[list[np.ndarray]]]
+) -> list[list[np.ndarray]] | None:
+    """Per feed set and output, how far each element may move when every unit of a QDQ
+    model rounds up to ``steps`` steps differently (``requantized``): its own unit's
+    move either way, plus ``QUANT_FACTOR`` times the largest move the units before it
+    cause (every element moved up, down, and a random way with a few seeds). None if
+    the model has no such unit or a requantized model does not run. A wrong fusion (a
+    wrong zero point or scale, a lost saturation) moves outputs by its mistake."""
+    if not steps or not any(n.op_type == "QuantizeLinear" for n in model.graph.node):
+        return None
+    try:
+        base = run(model.SerializeToString())
+        own = [run(requantized(model, steps, sign, True).SerializeToString()) for sign in (1, -1)]
+        before = [
+            run(requantized(model, steps, sign, False, int(seed)).SerializeToString())
+            for sign, seed in ((1, 0), (-1, 0), *((0, s) for s in _SEEDS))
+        ]
+    except Exception:
+        return None
+
+    def largest(runs, s: int, o: int, exact: np.ndarray) -> np.ndarray:
+        return np.maximum.reduce([_distance(r[s][o], exact) for r in runs])
+
+    return [
+        [
+            largest(own, s, o, exact) + QUANT_FACTOR * largest(before, s, o, exact)
+            if exact.dtype.kind == "f"
+            else np.zeros(exact.shape)
+            for o, exact in enumerate(outputs)
+        ]
+        for s, outputs in enumerate(base)
+    ]

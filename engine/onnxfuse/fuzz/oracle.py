@@ -7,7 +7,9 @@ an error on a valid model, a rewrite stopped by a cap or an oscillation, a
 result that fails onnx's full checker, changed graph input/output names, a
 model onnxruntime cannot load or run, or outputs that differ beyond the
 per-dtype tolerances of the proofs (``proof.domain.DEFAULT_TOLERANCES``, as
-tests/helpers.py's).
+tests/helpers.py's), beyond the original's own rounding noise and, in a QDQ model,
+beyond the steps its units may round differently (``noise.quantization_floor``); and
+for a target that consumes QDQ node units, a unit of the input that is no longer one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from onnxfuse.files.repair import repair_attributes
-from onnxfuse.fuzz.noise import NOISE_FACTOR, noise_floor
+from onnxfuse.fuzz.noise import NOISE_FACTOR, noise_floor, quantization_floor
 from onnxfuse.ops import element_types
 from onnxfuse.proof.reference_ops import with_reference_definitions_bytes
 from onnxfuse.rewrite.report import StopReason
@@ -88,7 +90,7 @@ class Outcome:
     """What happened to one model for one target."""
 
     status: str  # "pass", "discard" or "fail"
-    kind: str = ""  # failure kind: crash, error, stopped, checker, interface, ort-load, ...
+    kind: str = ""  # failure kind: crash, error, stopped, checker, interface, unit, ort-load, ...
     message: str = ""
     where: str = ""  # for crashes: exception type and innermost onnxfuse frame
     applied: list[str] = field(default_factory=list)  # rules that fired
@@ -394,6 +396,10 @@ def _check_result(
         return Outcome("fail", "checker", _first_line(exc), "", applied)
     except Exception as exc:
         return Outcome("fail", "crash", _first_line(exc), _crash_site(exc), applied)
+    if target(target_name).keeps_qdq_units:
+        broken = broken_unit(original.model, model)
+        if broken:
+            return Outcome("fail", "unit", broken, "", applied)
     try:
         proto = ir.serde.serialize_model(model)
     except Exception as exc:
@@ -445,7 +451,7 @@ def _check_result(
     values = list(proto.graph.output)
     problem = compare(outputs, expected, feed_sets, values, allowed, steps=steps)
     if problem:
-        problem = _beyond_rounding_noise(
+        problem = beyond_rounding_noise(
             original, outputs, expected, values, feed_sets, allowed, steps
         )
     if problem:
@@ -453,6 +459,42 @@ def _check_result(
     if expected is original.outputs:  # onnxruntime ran it (not the reference evaluator)
         original.matched.add(digest)
     return Outcome("pass", applied=applied)
+
+
+def broken_unit(before: onnx.ModelProto, after: ir.Model) -> str | None:
+    """The first QDQ node unit of ``before`` that is no longer one in ``after``, described.
+
+    A target that consumes units itself (``quantization: qdq_units``: qnn, nnapi, ...)
+    must get every unit of its input back: its op, by name, still between DQs and Qs.
+    A unit no graph output is computed from is dead code, and may go.
+    """
+    from onnxfuse.rewrite.qdq_units import is_unit_op
+
+    nodes = {node.name: node for node in after.graph if node.name}
+    graph = ir.from_proto(before).graph
+    live = _live(graph)
+    for node in graph:
+        if not node.name or not is_unit_op(node) or node not in live:
+            continue
+        kept = nodes.get(node.name)
+        if kept is None or kept.op_type != node.op_type:
+            return f"the QDQ node unit of {node.op_type} '{node.name}' is gone"
+        if not is_unit_op(kept):
+            return f"{node.op_type} '{node.name}' is no longer between DQ and Q nodes"
+    return None
+
+
+def _live(graph: ir.Graph) -> set[ir.Node]:
+    """The nodes some graph output is computed from."""
+    live: set[ir.Node] = set()
+    todo = [v.producer() for v in graph.outputs]
+    while todo:
+        node = todo.pop()
+        if node is None or node in live:
+            continue
+        live.add(node)
+        todo.extend(v.producer() for v in node.inputs if v is not None)
+    return live
 
 
 @functools.cache
@@ -513,14 +555,28 @@ def rule_tolerances(original: Original, applied: Sequence[str]) -> list[tuple[fl
     return result
 
 
-def _beyond_rounding_noise(
+def beyond_rounding_noise(
     original: Original, outputs, expected, values, feed_sets, allowed, steps: int
 ) -> str | None:
-    """The mismatch that remains once the original's own rounding noise is allowed for."""
-    floors = noise_floor(original.model, lambda data: run_all(data, feed_sets))
+    """The mismatch that remains once the original's own rounding noise is allowed for,
+    and in a QDQ model, where a rule that fired requantizes (``steps``), each unit
+    rounding up to that many steps differently (``noise.quantization_floor``)."""
+
+    def run(data: bytes) -> list[list[np.ndarray]]:
+        return run_all(data, feed_sets)
+
+    floors = noise_floor(original.model, run)
     allowance = None if floors is None else [[NOISE_FACTOR * f for f in s] for s in floors]
+    beyond = f"{NOISE_FACTOR:g}x the original's rounding noise"
+    quantized = quantization_floor(original.model, steps, run)
+    if quantized is not None:
+        beyond += f" and {steps} step(s) at each of its quantized units"
+        if allowance is None:
+            allowance = quantized
+        else:
+            allowance = [[f + q for f, q in zip(*pair)] for pair in zip(allowance, quantized)]
     problem = compare(outputs, expected, feed_sets, values, allowed, allowance, steps=steps)
-    return problem and f"{problem} (beyond {NOISE_FACTOR:g}x the original's rounding noise)"
+    return problem and f"{problem} (beyond {beyond})"
 
 
 def compare(

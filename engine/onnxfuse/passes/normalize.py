@@ -19,7 +19,7 @@ from onnxfuse.graph.traversal import all_graphs, owned_graphs
 from onnxfuse.ops.inference import InferredTypes, infer_shapes
 from onnxfuse.passes.shared_weights import deduplicate_large_initializers
 from onnxfuse.passes.state import RunState
-from onnxfuse.rewrite.qdq_units import QDQ_OPS
+from onnxfuse.rewrite.qdq_units import QDQ_OPS, in_unit
 
 
 class NormalizePass(ir.passes.InPlacePass):
@@ -166,10 +166,11 @@ def merge_duplicates(model: ir.Model, keeps_qdq_units: bool = False) -> None:
     """Equal initializers first, so that CSE sees their users as equal. Subgraph
     initializers move to the main graph first (every subgraph sees it): a weight folded
     the same way in two If branches is then one weight, and one no branch reads any more
-    goes with the main graph's dead initializers. ``keeps_qdq_units``: every Q and DQ
-    stays its own node, for a target that consumes QDQ node units (a DQ belongs to one
-    unit: a model written with one DQ per consumer, as onnxruntime's
-    EnsureUniqueDQForNodeUnit makes it, keeps them)."""
+    goes with the main graph's dead initializers. ``keeps_qdq_units``: every Q and DQ,
+    and every node of a QDQ node unit, stays its own node, for a target that consumes
+    units (a DQ belongs to one unit: a model written with one DQ per consumer, as
+    onnxruntime's EnsureUniqueDQForNodeUnit makes it, keeps them; two equal units on one
+    DQ stay two, not one float op feeding both Qs)."""
     common_passes.LiftSubgraphInitializersToMainGraphPass()(model)
     common_passes.DeduplicateInitializersPass()(model)
     deduplicate_large_initializers(model)
@@ -190,7 +191,7 @@ def _mark_qdq_distinct(model: ir.Model) -> list[ir.Node]:
     marked: list[ir.Node] = []
     for graph in all_graphs(model):
         for node in graph:
-            if node.domain in ("", "ai.onnx") and node.op_type in QDQ_OPS:
+            if (node.domain in ("", "ai.onnx") and node.op_type in QDQ_OPS) or in_unit(node):
                 node.attributes[_DISTINCT] = ir.AttrInt64(_DISTINCT, len(marked))
                 marked.append(node)
     return marked
