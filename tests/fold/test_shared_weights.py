@@ -71,6 +71,44 @@ def test_identity_of_a_weight_that_is_a_graph_output_keeps_the_output():
     assert_same_outputs(model, optimized)
 
 
+def _tied_embedding(vocab: int = 256) -> onnx.ModelProto:
+    """A tied LM head: the table W [vocab, 128] embeds the ids (Gather) and, transposed,
+    projects the hidden state back to the vocabulary."""
+    nodes = [
+        helper.make_node("Gather", ["W", "ids"], ["e"]),
+        helper.make_node("Relu", ["e"], ["h"]),
+        helper.make_node("Transpose", ["W"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "wt"], ["logits"]),
+    ]
+    return make_model(
+        nodes,
+        [tensor_input("ids", [2, 3], onnx.TensorProto.INT64)],
+        [tensor_input("logits", [2, 3, vocab])],
+        [_weight("W", shape=(vocab, 128))],
+    )
+
+
+def test_a_tied_table_is_not_stored_transposed_beside_itself():
+    """Folding Transpose(W) would keep W for the Gather and add Wᵀ: the table twice."""
+    model = _tied_embedding()
+    _, optimized = optimize_proto(model, [])
+    assert [t.name for t in _large(optimized)] == ["W"]
+    assert _weight_bytes(optimized) == _weight_bytes(model)
+    assert_same_outputs(model, optimized)
+    # With its own target's rules the head reads W itself (FusedMatMul transB).
+    _, fused = optimize_proto(model, select_rules(target="cpu"))
+    assert [t.name for t in _large(fused)] == ["W"]
+    assert_same_outputs(model, fused)
+
+
+def test_a_small_table_read_twice_still_folds():
+    """Below SHARED_COPY_MIN_BYTES a transposed copy costs less than a Transpose per run."""
+    model = _tied_embedding(vocab=8)
+    _, optimized = optimize_proto(model, [])
+    assert "Transpose" not in [n.op_type for n in optimized.graph.node]
+    assert_same_outputs(model, optimized)
+
+
 def test_equal_large_weights_are_stored_once():
     """Two initializers of one content (as a rewrite that packs shared weights per layer
     leaves them) become one; readers read the one kept."""

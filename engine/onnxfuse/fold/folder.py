@@ -34,6 +34,10 @@ from onnxfuse.language.guards import constant_tensor
 from onnxfuse.support.ir_types import tensor_shape
 
 DEFAULT_FOLD_LIMIT_BYTES = 256 * 1024 * 1024
+# A folded result at least this big, beside a constant input at least this big that a
+# node left in the graph still reads, stores that weight's bytes a second time (a tied
+# embedding table transposed for the LM head): such a node is not folded.
+SHARED_COPY_MIN_BYTES = 64 * 1024
 
 # Ops that must never be folded: random, stateful or not plain tensor functions.
 _NEVER_FOLD = frozenset(
@@ -145,6 +149,8 @@ class Folder:
             if results is None:
                 return False
         if sum(r.nbytes for r in results) > self.context.limit_bytes:
+            return False
+        if self._batch is None and _copies_a_shared_weight(node, results):
             return False
         sources = [v.const_value for v in node.inputs if v is not None]
         if self._batch is not None and not in_function:
@@ -442,6 +448,21 @@ def _dequantizes_a_weight(node: ir.Node) -> bool:
         and to is not None
         and to.as_int() in {t.value for t in _FLOAT_TYPES}
     )
+
+
+def _copies_a_shared_weight(node: ir.Node, results: list[np.ndarray]) -> bool:
+    """Whether folding ``node`` would store a big result beside a big constant input that
+    another node still reads, so that the model holds that weight twice. (A rewrite's new
+    nodes, folded together, make a fused op its own weights: they are not asked.)"""
+    if sum(r.nbytes for r in results) < SHARED_COPY_MIN_BYTES:
+        return False
+    for value in node.inputs:
+        tensor = constant_tensor(value) if value is not None else None
+        if value is None or tensor is None or tensor.nbytes < SHARED_COPY_MIN_BYTES:
+            continue
+        if value.is_graph_output() or any(c is not node for c in value.consumers()):
+            return True
+    return False
 
 
 def _alias_initializer(node: ir.Node) -> bool:
